@@ -1,0 +1,82 @@
+"""What the scheduler hands to a token source for one step, and the token-source contract.
+
+The scheduler and the allocators never know which token source runs: the real model
+(``pagedkv_core.model.runner.ModelRunner``) or the instant scripted one
+(``pagedkv_core.scripted.ScriptedSource``). Both implement :class:`TokenSource`.
+
+KV memory is a flat array of *slots* (one slot holds the K and V of one token in every layer).
+A paged allocator groups slots into blocks of ``block_size``; slot = block_id * block_size + offset.
+The contiguous baseline is presented the same way with ``block_size == 1``: its block table is
+then a run of consecutive slot ids, so one attention path serves both allocators.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .sampling import SamplingParams
+
+
+@dataclass
+class SeqWork:
+    """One sequence's share of a step."""
+
+    seq_id: int
+    request_id: str
+    sample_index: int  # which of the request's n samples this sequence is (0 before a fork)
+    token_ids: list[int]  # tokens whose K/V this step computes (a prefill chunk, or 1 for decode)
+    start_pos: int  # position of token_ids[0] (= tokens whose K/V were already in the pool)
+    slots: list[int]  # flat slot for each of token_ids (len(slots) == len(token_ids))
+    block_table: list[int]  # physical block ids covering positions [0, context_len)
+    num_samples: int  # 0: a prefill chunk that samples nothing; 1: next token; n>1: fork into n
+    sampling: SamplingParams
+    num_output_tokens: int  # output tokens this sequence already has (the next one is at this index)
+    output_len: int | None = None  # scripted sources only: how long the answer is meant to be
+
+    @property
+    def context_len(self) -> int:
+        """Tokens attended to by the last new token, itself included."""
+        return self.start_pos + len(self.token_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        return len(self.token_ids) > 1 or self.start_pos == 0
+
+
+@dataclass
+class ScheduledBatch:
+    """Everything a token source must do for one engine step, in this order:
+    1. ``swap_out``: copy (device block -> host block) for sequences preempted by swap;
+    2. ``swap_in``: copy (host block -> device block) for sequences resumed from the host pool;
+    3. ``copies``: copy-on-write (src block -> dst block) within the device pool;
+    4. the forward over ``seqs``: write K/V at ``slots``, attend through ``block_table``.
+    Block ids in all four are in units of ``block_size`` slots.
+    """
+
+    step: int
+    block_size: int
+    seqs: list[SeqWork] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+
+class TokenSource(Protocol):
+    """Produces the next token(s) of every sequence in a batch."""
+
+    eos_token_id: int | None  # the scheduler finishes a sequence on it (None: never)
+    max_model_len: int  # longest sequence (prompt + output) the source can handle
+
+    def bind(self, num_slots: int, num_host_slots: int) -> None:
+        """Allocate (or re-allocate) KV storage: ``num_slots`` device slots and
+        ``num_host_slots`` host slots for swapped-out blocks. Called once by the engine
+        before the first step."""
+
+    def execute(self, batch: ScheduledBatch) -> dict[int, list[int]]:
+        """Run one step. Returns seq_id -> new token ids for every SeqWork with
+        num_samples > 0 (a list of length num_samples; one per sample, sample i's token
+        first-drawn for sample_index i). Sequences with num_samples == 0 are absent."""

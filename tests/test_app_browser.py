@@ -1,0 +1,18 @@
+"""The real app in a real browser: Streamlit in a subprocess, Debian Chromium through Playwright."""
+import pytest
+
+from tests.browser import chromium_page, running_app, wait_idle
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_home_page_renders_the_models_kv_arithmetic(tmp_path):
+    with running_app() as url, chromium_page() as page:
+        page.goto(url)
+        wait_idle(page)
+        page.get_by_text("bytes per token", exact=False).first.wait_for(timeout=120_000)
+        body = page.inner_text("body")
+        assert "2 × 30 × 3 × 64 × 4 = 46,080 B" in body
+        assert "2 × 30 × 3 × 64 × 2 = 23,040 B" in body
+        assert "737,280 B" in body  # one 16-token block in fp32
+        page.screenshot(path=str(tmp_path / "home.png"), full_page=True)

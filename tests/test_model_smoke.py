@@ -1,0 +1,51 @@
+"""The bundled model is real: it loads from the pip package, answers, and its cache is faithful."""
+import os
+
+import pytest
+import torch
+
+from pagedkv_core.model.loader import bundled_gguf_path, load_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model(progress=lambda f, w: None)
+
+
+def chat_ids(tokenizer, question):
+    enc = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                        return_tensors="pt")
+    return enc["input_ids"] if not torch.is_tensor(enc) else enc
+
+
+def test_bundled_model_answers_paris(smollm2):
+    assert smollm2.config.model_type == "llama"
+    assert (smollm2.config.num_hidden_layers, smollm2.config.num_key_value_heads) == (30, 3)
+    ids = chat_ids(smollm2.tokenizer, "What is the capital of France?")
+    with torch.inference_mode():
+        out = smollm2.model.generate(ids, max_new_tokens=16, do_sample=False)
+    answer = smollm2.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer
+
+
+def test_cache_reload_gives_identical_logits(tmp_path, monkeypatch):
+    """Convert into a fresh cache, reload from it, and compare with transformers reading the GGUF directly."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("PAGEDKV_CACHE", str(tmp_path))
+    gguf = bundled_gguf_path()
+    seen = []
+    converted = load_model(progress=lambda f, what: seen.append(f))
+    assert converted.converted and converted.weights_dir.parent == tmp_path
+    assert seen[-1] == 1.0 and seen == sorted(seen), "progress must rise to 100%"
+    reloaded = load_model(progress=lambda f, w: None)
+    assert not reloaded.converted and reloaded.weights_dir == converted.weights_dir
+
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32").eval()
+    ids = chat_ids(reloaded.tokenizer, "Name three colours.")
+    with torch.inference_mode():
+        want = direct(ids).logits
+        got = reloaded.model(ids).logits
+    assert torch.equal(got, want)

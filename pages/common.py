@@ -10,9 +10,6 @@ import streamlit as st
 from pagedkv_core.kv_math import KVShape
 from pagedkv_core.model.loader import ModelLoadError, gguf_cache_dir, load_model, resolve_source
 
-BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
-
-
 @st.cache_resource(show_spinner=False, max_entries=2)
 def _load_cached(model_path: str, _progress=None):
     return load_model(model_path or None, progress=_progress)
@@ -45,13 +42,3 @@ def loaded_model(model_path: str | None = None):
 
 def model_kv_shape(lm) -> KVShape:
     return KVShape.from_config(lm.config, name=lm.name)
-
-
-def sidebar_settings() -> None:
-    """Engine settings shared by every page (kept across pages by their widget keys)."""
-    sb = st.sidebar
-    sb.header("Engine settings")
-    sb.select_slider("Block size (tokens per block)", options=BLOCK_SIZES, value=16, key="block_size",
-                     help="How many token slots one KV block holds. Small blocks waste less; large blocks mean shorter block tables.")
-    sb.text_input("Model (blank = bundled SmolLM2-135M)", value="", key="model_path",
-                  help="A local Llama-family model directory or .gguf file.")

@@ -31,7 +31,7 @@ def running_app(timeout: float = 120.0):
     port = free_port()
     log = open(ROOT / f".pytest_cache/streamlit-{port}.log", "w") if (ROOT / ".pytest_cache").is_dir() else subprocess.DEVNULL
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+        [sys.executable, "-m", "pages.serve", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

@@ -155,7 +155,7 @@ class LlamaModel:
         self.rope_scale = rope_scale
         self._cos = self._sin = None
         self._rope_len = 0
-        self._ensure_rope(min(self.max_position, 4096))
+        self.ensure_rope(min(self.max_position, 4096))
 
     # --------------------------------------------------------------- pieces
     @property
@@ -170,7 +170,8 @@ class LlamaModel:
                 total += x.numel() * x.element_size()
         return total
 
-    def _ensure_rope(self, n: int) -> None:
+    def ensure_rope(self, n: int) -> None:
+        """Make the cos/sin tables cover positions [0, n)."""
         if n <= self._rope_len:
             return
         n = max(n, 2 * self._rope_len)
@@ -209,8 +210,7 @@ class LlamaModel:
         T = input_ids.shape[0]
         P = meta.num_prefill_tokens
         bs = meta.block_size
-        if T and int(positions.max()) >= self._rope_len:
-            self._ensure_rope(int(positions.max()) + 1)
+        # (the caller makes sure the rotary table covers every position: ensure_rope)
         cos = self._cos.index_select(0, positions)[:, None, :]
         sin = self._sin.index_select(0, positions)[:, None, :]
         h = F.embedding(input_ids, self.embed)
@@ -223,11 +223,10 @@ class LlamaModel:
 
             x = self._rms_norm(h, lw.input_norm)
             qkv = F.linear(x, lw.qkv, lw.qkv_bias)
-            q = qkv[:, :q_size].view(T, H, D)
-            k = qkv[:, q_size : q_size + kv_size].view(T, Hkv, D)
+            # rotary embedding on the query and key heads together (one set of elementwise ops)
+            qk = self._rotate(qkv[:, : q_size + kv_size].view(T, H + Hkv, D), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, q_size + kv_size :].view(T, Hkv, D)
-            q = self._rotate(q, cos, sin)
-            k = self._rotate(k, cos, sin)
             kernels.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
 
             attn = torch.empty((T, H, D), device=h.device, dtype=h.dtype)

@@ -1,0 +1,112 @@
+"""Shared pieces of the benchmarks: the chat prompts, timing, peak memory, result files."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colours.",
+    "Explain what a CPU does in one sentence.",
+    "Give me a short tip for learning to cook.",
+    "Why is the sky blue?",
+    "Write a haiku about the sea.",
+    "What is 12 times 7?",
+    "Suggest a name for a friendly robot.",
+    "How do plants make food?",
+    "What does a librarian do?",
+    "List two benefits of walking every day.",
+    "What is the boiling point of water at sea level?",
+    "Describe a cat to someone who has never seen one.",
+    "Why do we have seasons?",
+    "What is a good way to start a story?",
+    "Translate 'good morning' into Spanish.",
+]
+
+
+def chat_prompt_ids(tokenizer, prompts=CHAT_PROMPTS) -> list[list[int]]:
+    ids = []
+    for p in prompts:
+        enc = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+        ids.append(list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc))
+    return ids
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextmanager
+def peak_rss():
+    """Samples this process's resident memory every 5 ms; yields a dict whose 'peak' is filled in
+    on exit (bytes)."""
+    out = {"peak": rss_bytes()}
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            out["peak"] = max(out["peak"], rss_bytes())
+            stop.wait(0.005)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        t.join()
+        out["peak"] = max(out["peak"], rss_bytes())
+
+
+def useful_tokens(ids: list[int], eos: int | None) -> list[int]:
+    """Tokens up to and including the first EOS: what a user receives."""
+    if eos is not None and eos in ids:
+        return ids[: ids.index(eos) + 1]
+    return ids
+
+
+def machine() -> dict:
+    import torch
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "peak_rss_process_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def write_result(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "machine": machine(), **payload}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def print_table(rows: list[dict], columns: list[str]) -> str:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    lines = [" | ".join(c.ljust(widths[c]) for c in columns), "-+-".join("-" * widths[c] for c in columns)]
+    lines += [" | ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
+    text = "\n".join(lines)
+    print(text)
+    return text

@@ -1,0 +1,223 @@
+"""The baseline: one contiguous reservation of prompt_len + max_tokens slots per sequence.
+
+Reservations are placed first fit over the slot array at admission and never grow, move or
+share. The tail a sequence never reaches is allocated-but-empty (internal fragmentation);
+free holes too small for the next waiting reservation are external fragmentation. Token
+sources see it as a paged pool with ``block_size == 1`` whose block table is the run of
+consecutive slot ids of the reservation, so the real model runs on it unchanged.
+"""
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from .config import EngineConfig
+from .events import ALLOCATE, Event
+from .sequence import Sequence
+from .slot_state import SlotState
+
+_FREE, _FILLED, _EMPTY, _FRAGMENT = (
+    int(SlotState.FREE),
+    int(SlotState.FILLED),
+    int(SlotState.EMPTY),
+    int(SlotState.FRAGMENT),
+)
+
+
+class ContiguousAllocator:
+    """First-fit contiguous reservations over ``pool_slots`` slots."""
+
+    kind = "contiguous"
+    supports_preemption = False
+    supports_fork = False
+    block_size = 1
+    num_host_slots = 0
+    num_blocks = 0  # no blocks: snapshots show this allocator per slot
+
+    def __init__(self, config: EngineConfig):
+        self.num_slots = config.pool_slots
+        self.max_model_len = config.max_model_len
+        self.free_starts: list[int] = [0]  # free runs, sorted by start, never adjacent
+        self.free_lens: list[int] = [self.num_slots]
+        self.reservations: dict[int, tuple[int, int]] = {}  # seq_id -> (start, length)
+        self.reserved_slots = 0
+        self.filled_slots = 0
+        self.hit_tokens = 0
+        self.queried_tokens = 0
+        self.events: list[Event] = []
+        self.slot_state = np.zeros(self.num_slots, dtype=np.int8)
+        self.slot_owner = np.full(self.num_slots, -1, dtype=np.int32)
+        self.slot_token = np.full(self.num_slots, -1, dtype=np.int32)
+        empty = np.zeros(0, dtype=np.int8)
+        self.block_state = empty
+        self.block_ref = np.zeros(0, dtype=np.int16)
+        self.block_fill = np.zeros(0, dtype=np.int16)
+        self.block_hash = np.zeros(0, dtype=np.int64)
+        self.fragmented_slots = 0
+        self._next_need = 0
+        self._layout_changed = True
+
+    # ------------------------------------------------------------------ read access
+    @property
+    def allocated_slots(self) -> int:
+        return self.reserved_slots
+
+    @property
+    def kv_usage(self) -> float:
+        return self.reserved_slots / self.num_slots
+
+    @property
+    def largest_free_run(self) -> int:
+        return max(self.free_lens, default=0)
+
+    def reservation_size(self, seq: Sequence) -> int:
+        return min(seq.num_prompt_tokens + seq.request.sampling.max_tokens, self.max_model_len)
+
+    def block_table(self, seq: Sequence, context_len: int | None = None) -> list[int]:
+        start, length = self.reservations[seq.seq_id]
+        n = length if context_len is None else context_len
+        return list(range(start, start + n))
+
+    def num_blocks_of(self, seq: Sequence) -> int:
+        r = self.reservations.get(seq.seq_id)
+        return r[1] if r else 0
+
+    def reserved_start(self, seq: Sequence) -> int:
+        r = self.reservations.get(seq.seq_id)
+        return r[0] if r else -1
+
+    def slots_for(self, seq: Sequence, start: int, count: int) -> list[int]:
+        base = self.reservations[seq.seq_id][0] + start
+        return list(range(base, base + count))
+
+    # ------------------------------------------------------------------ admission
+    def rejection_reason(self, prompt_len: int, max_tokens: int) -> str | None:
+        need = min(prompt_len + max_tokens, self.max_model_len)
+        if need > self.num_slots:
+            return (
+                f"needs a reservation of {prompt_len} prompt + {max_tokens} max_tokens = {need} "
+                f"consecutive slots, but the pool has only {self.num_slots} slots"
+            )
+        return None
+
+    def exceeds_pool(self, seq: Sequence) -> bool:
+        return self.reservation_size(seq) > self.num_slots
+
+    def try_admit(self, seq: Sequence, reserve_blocks: int = 0) -> int | None:
+        """Reserve the sequence's whole future, first fit. None if no free run is long enough."""
+        need = self.reservation_size(seq)
+        for i, length in enumerate(self.free_lens):
+            if length >= need:
+                break
+        else:
+            return None
+        start = self.free_starts[i]
+        if length == need:
+            del self.free_starts[i]
+            del self.free_lens[i]
+        else:
+            self.free_starts[i] = start + need
+            self.free_lens[i] = length - need
+        self.reservations[seq.seq_id] = (start, need)
+        self.reserved_slots += need
+        self.slot_state[start : start + need] = _EMPTY
+        self.slot_owner[start : start + need] = seq.request.index
+        self._layout_changed = True
+        seq.num_computed = 0
+        self.events.append(Event(ALLOCATE, seq.seq_id, seq.request.request_id, {"start": start, "length": need}))
+        return 0
+
+    # ------------------------------------------------------------------ growth (never)
+    num_free_blocks = 0
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int = 1) -> int:
+        return 0  # the reservation already covers the sequence's whole future
+
+    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
+        return seq.num_computed + num_tokens <= self.reservations[seq.seq_id][1]
+
+    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
+        if not self.can_append(seq, num_tokens):
+            raise RuntimeError(f"{seq} outgrew its reservation")
+        return []
+
+    def mark_written(self, seq: Sequence, start: int, count: int) -> None:
+        base = self.reservations[seq.seq_id][0] + start
+        if count == 1:
+            self.slot_token[base] = seq.token_ids[start]
+            self.slot_state[base] = _FILLED
+        else:
+            self.slot_token[base : base + count] = seq.token_ids[start : start + count]
+            self.slot_state[base : base + count] = _FILLED
+        self.filled_slots += count
+
+    def free(self, seq: Sequence) -> None:
+        r = self.reservations.pop(seq.seq_id, None)
+        if r is None:
+            return
+        start, length = r
+        self.reserved_slots -= length
+        self.filled_slots -= seq.num_computed
+        self.slot_state[start : start + length] = _FREE
+        self.slot_owner[start : start + length] = -1
+        self.slot_token[start : start + length] = -1
+        i = bisect.bisect_left(self.free_starts, start)
+        merge_prev = i > 0 and self.free_starts[i - 1] + self.free_lens[i - 1] == start
+        merge_next = i < len(self.free_starts) and start + length == self.free_starts[i]
+        if merge_prev and merge_next:
+            self.free_lens[i - 1] += length + self.free_lens[i]
+            del self.free_starts[i]
+            del self.free_lens[i]
+        elif merge_prev:
+            self.free_lens[i - 1] += length
+        elif merge_next:
+            self.free_starts[i] = start
+            self.free_lens[i] += length
+        else:
+            self.free_starts.insert(i, start)
+            self.free_lens.insert(i, length)
+        self._layout_changed = True
+
+    # ------------------------------------------------------------------ fragmentation
+    def update_fragmentation(self, next_need: int) -> None:
+        """Mark free runs shorter than the next waiting reservation (``next_need`` slots;
+        0 when nobody waits) as FRAGMENT, the others as FREE."""
+        if not self._layout_changed and next_need == self._next_need:
+            return
+        self._next_need = next_need
+        self._layout_changed = False
+        fragmented = 0
+        for start, length in zip(self.free_starts, self.free_lens):
+            small = length < next_need
+            self.slot_state[start : start + length] = _FRAGMENT if small else _FREE
+            if small:
+                fragmented += length
+        self.fragmented_slots = fragmented
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self, live: list[Sequence]) -> None:
+        covered = np.zeros(self.num_slots, dtype=np.int32)
+        for start, length in zip(self.free_starts, self.free_lens):
+            assert length > 0
+            covered[start : start + length] += 1
+            assert (self.slot_owner[start : start + length] == -1).all()
+            assert np.isin(self.slot_state[start : start + length], (_FREE, _FRAGMENT)).all()
+        for a, la, b in zip(self.free_starts, self.free_lens, self.free_starts[1:]):
+            assert a + la < b, "free runs overlap or touch"
+        live_ids = {s.seq_id: s for s in live}
+        assert set(self.reservations) <= set(live_ids), "a reservation outlived its sequence"
+        filled = 0
+        for sid, (start, length) in self.reservations.items():
+            seq = live_ids[sid]
+            covered[start : start + length] += 1
+            n = seq.num_computed
+            assert n <= length
+            filled += n
+            assert (self.slot_state[start : start + n] == _FILLED).all()
+            assert (self.slot_state[start + n : start + length] == _EMPTY).all()
+            assert self.slot_token[start : start + n].tolist() == seq.token_ids[:n]
+            assert (self.slot_owner[start : start + length] == seq.request.index).all()
+        assert (covered == 1).all(), "reservations and free runs do not partition the pool"
+        assert filled == self.filled_slots, f"filled slots {self.filled_slots} != {filled}"
+        assert sum(length for _, length in self.reservations.values()) == self.reserved_slots

@@ -1,0 +1,392 @@
+"""``LLM``: the offline API over the real model and the paged engine (vLLM's ``LLM``, in small).
+
+    from pagedkv_core.llm import LLM
+    from pagedkv_core.sampling import SamplingParams
+
+    llm = LLM(device="cpu", block_size=16, pool_slots=4096)
+    outs = llm.generate(["What is the capital of France?"], SamplingParams(max_tokens=32), chat=True)
+    print(outs[0].outputs[0].text)
+
+The model is loaded once (:func:`pagedkv_core.model.loader.load_model`) and wrapped in one
+:class:`~pagedkv_core.model.runner.ModelRunner`. Each ``generate`` / ``stream`` call runs a fresh
+:class:`~pagedkv_core.engine.Engine` on that runner (its pool is re-bound, so every call starts from
+an empty pool at step 0 and has its own summary). For step-by-step driving (the pages),
+:meth:`LLM.new_engine` returns such an engine; ``LLM.tokenizer`` decodes the token ids that the
+snapshots carry per slot.
+
+Pool size, in order of precedence: ``pool_slots``; ``pool_blocks`` (x ``block_size``);
+``kv_budget_bytes`` (bytes per block = 2 x layers x kv_heads x head_dim x dtype bytes x block_size);
+``memory_fraction`` (CUDA: a profiling pass measures the activation peak, and that peak, the weights
+and everything else on the GPU are subtracted from this fraction of its memory); by default 2,048
+slots on the CPU and a profiled 90 % of the GPU (capped at ``MAX_DEFAULT_SLOTS``) on CUDA.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .config import ConfigError, EngineConfig
+from .engine import Engine
+from .sampling import SamplingParams
+
+DEFAULT_CPU_SLOTS = 2048
+MAX_DEFAULT_SLOTS = 1 << 18  # a profiled default pool stops here (snapshots copy per-slot arrays)
+DEFAULT_MEMORY_FRACTION = 0.9
+HOST_SWAP_BUDGET = 4 << 30  # default host pool for swapped-out blocks: at most this many bytes
+ENGINE_SETTINGS = ("block_size", "watermark", "preemption", "swap_slots", "prefix_caching",
+                   "max_batch_tokens", "allocator", "max_model_len", "seed")
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a request."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None  # "stop" | "length" | "rejected" | None (unfinished)
+
+
+@dataclass
+class RequestOutput:
+    """The result of one prompt: its ``n`` samples in ``outputs``."""
+
+    request_id: str
+    prompt: str | None  # the text as given (None for token-id prompts)
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    reject_reason: str | None = None  # why the engine refused it (too long for the model or the pool)
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.request_id,
+            "prompt": self.prompt,
+            "prompt_token_ids": self.prompt_token_ids,
+            "outputs": [dataclasses.asdict(o) for o in self.outputs],
+            "reject_reason": self.reject_reason,
+        }
+
+
+@dataclass
+class StreamDelta:
+    """What one engine step added to one sample (``LLM.stream``)."""
+
+    request_id: str
+    index: int  # sample index
+    text: str  # new text since the previous delta of this sample (may be "")
+    token_ids: list[int]  # new token ids
+    finished: bool
+    finish_reason: str | None
+    step: int
+
+
+class _Detokenizer:
+    """Incremental text of one sample: decodes everything so far and hands out the new suffix,
+    holding back a trailing partial UTF-8 character until it is complete."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.text = ""
+
+    def update(self, token_ids: list[int], final: bool) -> str:
+        full = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        if not final and full.endswith("\ufffd"):
+            return ""
+        if full.startswith(self.text):
+            delta = full[len(self.text):]
+        else:  # a merge changed earlier characters: hand out the whole new tail
+            common = 0
+            for a, b in zip(full, self.text):
+                if a != b:
+                    break
+                common += 1
+            delta = full[common:]
+        self.text = full
+        return delta
+
+
+class LLM:
+    """The real model behind the paged engine.
+
+    ``model``: None (bundled SmolLM2-135M-Instruct), a GGUF file or a transformers directory.
+    ``device``: "auto" | "cpu" | "cuda". ``dtype``: None (fp32 on CPU, bf16 on CUDA) or a name.
+    ``threads``: torch CPU threads. Pool size: ``pool_slots`` | ``pool_blocks`` |
+    ``kv_budget_bytes`` | ``memory_fraction`` (see the module docstring). Everything else in
+    ``engine_settings`` goes to :class:`~pagedkv_core.config.EngineConfig` (block_size, watermark,
+    preemption, swap_slots, prefix_caching, max_batch_tokens, allocator, max_model_len, seed).
+    ``loaded``: an already loaded model to reuse (skips loading). Raises ConfigError (one line)
+    for bad settings and ModelLoadError for a model that cannot be loaded.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        dtype: str | None = None,
+        threads: int | None = None,
+        *,
+        pool_slots: int | None = None,
+        pool_blocks: int | None = None,
+        kv_budget_bytes: int | None = None,
+        memory_fraction: float | None = None,
+        loaded=None,
+        progress: Callable[[float, str], None] | None = None,
+        **engine_settings,
+    ):
+        from .model.loader import load_model
+        from .model.runner import ModelRunner
+
+        unknown = set(engine_settings) - set(ENGINE_SETTINGS)
+        if unknown:
+            raise ConfigError(f"unknown engine setting(s): {', '.join(sorted(unknown))}")
+        try:
+            self.runner = None
+            loaded = loaded if loaded is not None else load_model(model, progress=progress)
+            self.loaded = loaded
+            self.tokenizer = loaded.tokenizer
+            self.runner = ModelRunner(loaded, device=device, dtype=dtype, threads=threads)
+        except ValueError as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(str(exc)) from None
+        block_size = engine_settings.get("block_size", EngineConfig.block_size)
+        slots, how = self._pool_slots(block_size, pool_slots, pool_blocks, kv_budget_bytes, memory_fraction)
+        settings = dict(engine_settings)
+        settings["pool_slots"] = slots
+        if settings.get("swap_slots") is None:
+            host_cap = max(block_size, self.runner.slots_for_budget(HOST_SWAP_BUDGET, max(1, block_size)))
+            settings["swap_slots"] = min(slots, host_cap)
+        self.config = EngineConfig(**settings)
+        self.pool_info = {
+            "slots": self.config.pool_slots,
+            "blocks": self.config.num_blocks,
+            "bytes": self.config.pool_slots * self.runner.bytes_per_slot,
+            "bytes_per_block": self.runner.bytes_per_block(self.config.block_size),
+            "swap_slots": self.config.swap_slots,
+            "sized_by": how,
+        }
+        self.engine: Engine | None = None
+        self.last_summary: dict | None = None
+
+    # ------------------------------------------------------------------ sizing
+    def _pool_slots(self, block_size, pool_slots, pool_blocks, kv_budget_bytes, memory_fraction) -> tuple[int, str]:
+        def positive(name, value):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            return value
+
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise ConfigError(f"block_size must be >= 1, got {block_size!r}")
+        given = [n for n, v in (("pool_slots", pool_slots), ("pool_blocks", pool_blocks),
+                                ("kv_budget_bytes", kv_budget_bytes), ("memory_fraction", memory_fraction)) if v is not None]
+        if len(given) > 1:
+            raise ConfigError(f"give the pool size one way only, got {', '.join(given)}")
+        if pool_slots is not None:
+            return positive("pool_slots", pool_slots), "pool_slots"
+        if pool_blocks is not None:
+            return positive("pool_blocks", pool_blocks) * block_size, "pool_blocks"
+        if kv_budget_bytes is not None:
+            slots = self.runner.slots_for_budget(positive("kv_budget_bytes", kv_budget_bytes), block_size)
+            if slots < block_size:
+                raise ConfigError(
+                    f"kv_budget_bytes={kv_budget_bytes} holds no block of {block_size} slots "
+                    f"({self.runner.bytes_per_block(block_size)} bytes each)"
+                )
+            return slots, "kv_budget_bytes"
+        if memory_fraction is not None or self.runner.device.type == "cuda":
+            if self.runner.device.type != "cuda":
+                raise ConfigError("memory_fraction needs CUDA; on the CPU give pool_slots, pool_blocks or kv_budget_bytes")
+            fraction = DEFAULT_MEMORY_FRACTION if memory_fraction is None else float(memory_fraction)
+            if not 0.0 < fraction <= 1.0:
+                raise ConfigError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
+            budget = self.runner.profile_kv_budget(fraction)
+            slots = self.runner.slots_for_budget(budget, block_size)
+            if memory_fraction is None:
+                slots = min(slots, (MAX_DEFAULT_SLOTS // block_size) * block_size)
+            if slots < block_size:
+                raise ConfigError(f"no GPU memory left for the KV pool at memory_fraction={fraction}")
+            return slots, f"profiled at memory_fraction={fraction}"
+        return max(block_size, (DEFAULT_CPU_SLOTS // block_size) * block_size), "default"
+
+    # ------------------------------------------------------------------ engines
+    def new_engine(self, **overrides) -> Engine:
+        """A fresh engine on this model (the pool is re-bound: earlier engines of this LLM must
+        not step again). ``overrides`` replace fields of ``self.config``."""
+        cfg = dataclasses.replace(self.config, **overrides) if overrides else self.config
+        self.engine = Engine(cfg, self.runner)
+        return self.engine
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.runner.eos_token_id
+
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        """Token ids of a prompt: ids pass through; text is tokenized, or with ``chat`` wrapped
+        in the model's chat template as one user turn with the generation prompt."""
+        if isinstance(prompt, str):
+            if chat:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise ConfigError("this model's tokenizer has no chat template: drop --chat")
+                enc = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], add_generation_prompt=True
+                )
+                ids = enc if isinstance(enc, list) else enc["input_ids"]
+            else:
+                ids = self.tokenizer(prompt)["input_ids"]
+            return [int(t) for t in ids]
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise ConfigError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def _sampling_for(self, sp: SamplingParams) -> SamplingParams:
+        extra = [t for t in self.runner.extra_eos_token_ids if t not in sp.stop_token_ids]
+        if extra and not sp.ignore_eos:
+            return dataclasses.replace(sp, stop_token_ids=tuple(sp.stop_token_ids) + tuple(extra))
+        return sp
+
+    def _prepare(self, prompts, sampling_params, chat):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ConfigError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        items = []
+        for p, sp in zip(prompts, params):
+            items.append((p if isinstance(p, str) else None, self.encode(p, chat), self._sampling_for(sp)))
+        return items
+
+    # ------------------------------------------------------------------ running
+    def run(
+        self,
+        prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        chat: bool = False,
+        *,
+        on_step: Callable | None = None,
+        use_tqdm: bool = False,
+        engine: Engine | None = None,
+    ) -> Iterator[tuple[list[RequestOutput], object, list]]:
+        """Step a fresh engine through ``prompts``; yields, per step, (request outputs that
+        changed, the StepSnapshot, the engine's raw outputs). The last step leaves a run summary
+        in ``self.last_summary``."""
+        items = self._prepare(prompts, sampling_params, chat)
+        engine = engine or self.new_engine()
+        base = len(engine.requests)
+        ids = []
+        for i, (text, ids_, sp) in enumerate(items):
+            rid = str(base + i)
+            engine.add_request(rid, ids_, sp)
+            ids.append(rid)
+        prompts_by_id = {rid: item[0] for rid, item in zip(ids, items)}
+        bar = None
+        if use_tqdm:
+            try:
+                from tqdm import tqdm
+
+                bar = tqdm(total=len(ids), desc="requests", unit="req")
+            except ImportError:  # pragma: no cover
+                bar = None
+        steps = 0
+        t_first = t_last = None
+        while engine.has_unfinished():
+            t0 = time.perf_counter()
+            raw, snap = engine.step()
+            t_last = time.perf_counter()
+            t_first = t0 if t_first is None else t_first
+            steps += 1
+            outs = [self._convert(o, prompts_by_id.get(o.request_id)) for o in raw]
+            if bar is not None:
+                bar.update(sum(1 for o in raw if o.finished))
+            if on_step is not None:
+                on_step(outs, snap)
+            yield outs, snap, raw
+        if bar is not None:
+            bar.close()
+        elapsed = (t_last - t_first) if t_first is not None else 0.0
+        s = engine.summary().to_json()
+        s["elapsed_s"] = elapsed
+        s["tokens_per_s"] = s["tokens_generated"] / elapsed if elapsed > 0 else 0.0
+        s["device"] = str(self.runner.device)
+        s["dtype"] = self.runner.dtype_name
+        s["pool_bytes"] = self.pool_info["bytes"] if engine.config == self.config else engine.config.pool_slots * self.runner.bytes_per_slot
+        self.last_summary = s
+
+    def _convert(self, o, prompt_text) -> RequestOutput:
+        return RequestOutput(
+            request_id=o.request_id,
+            prompt=prompt_text,
+            prompt_token_ids=list(o.prompt_token_ids),
+            outputs=[
+                CompletionOutput(c.index, list(c.token_ids), self.decode(c.token_ids) if o.finished else "", c.finish_reason)
+                for c in o.outputs
+            ],
+            finished=o.finished,
+            reject_reason=o.reject_reason,
+        )
+
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        chat: bool = False,
+        use_tqdm: bool = False,
+        on_step: Callable | None = None,
+    ) -> list[RequestOutput]:
+        """Run ``prompts`` (strings, token-id lists, or one of either) to completion and return
+        one :class:`RequestOutput` per prompt, in order. ``chat`` wraps text prompts in the chat
+        template. ``on_step(request_outputs, snapshot)`` sees every step. Prompts that cannot run
+        (too long for the model or the pool) come back with ``reject_reason`` set, the others run."""
+        final: dict[str, RequestOutput] = {}
+        order: list[str] = []
+        for outs, _snap, _raw in self.run(prompts, sampling_params, chat, on_step=on_step, use_tqdm=use_tqdm):
+            for o in outs:
+                if o.finished:
+                    final[o.request_id] = o
+        order = sorted(final, key=int)
+        return [final[r] for r in order]
+
+    def stream(
+        self,
+        prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        chat: bool = False,
+    ) -> Iterator[StreamDelta]:
+        """Like :meth:`generate`, but yields a :class:`StreamDelta` per sample as soon as a step
+        gives it new tokens (partial text, decoded incrementally)."""
+        detok: dict[tuple[str, int], _Detokenizer] = {}
+        done_keys: set[tuple[str, int]] = set()
+        for _outs, snap, raw in self.run(prompts, sampling_params, chat):
+            for o in raw:
+                for c in o.outputs:
+                    key = (o.request_id, c.index)
+                    done = c.finish_reason is not None
+                    if key in done_keys or (not c.new_token_ids and not done):
+                        continue
+                    text = detok.setdefault(key, _Detokenizer(self.tokenizer)).update(c.token_ids, final=done)
+                    if done:
+                        done_keys.add(key)
+                    yield StreamDelta(o.request_id, c.index, text, list(c.new_token_ids), done, c.finish_reason, snap.step)
+
+    def summary(self) -> dict | None:
+        """The figures of the last run (see ``last_summary``)."""
+        return self.last_summary
+
+    def __repr__(self) -> str:
+        r = self.runner
+        return (f"LLM({self.loaded.name}, device={r.device}, dtype={r.dtype_name}, "
+                f"pool={self.config.pool_slots} slots x block {self.config.block_size}, {self.config.allocator})")
+

@@ -1,0 +1,129 @@
+"""The signals of a healthy serving loop, per step and over a run (names as in vLLM).
+
+- ``kv_usage``: allocated blocks / pool blocks (vLLM ``kv_cache_usage_perc``); for the
+  contiguous baseline reserved slots / pool slots. Cached-free blocks count as free.
+- ``token_utilization``: slots holding a token's K/V / allocated slots: the figure that
+  exposes internal fragmentation (0 when nothing is allocated).
+- preemptions (swap and recompute), cumulative and this step.
+- ``prefix_cache_hit_rate``: cumulative hit tokens / queried tokens at admission.
+- blocks per sequence: ``mean_blocks_per_seq`` / ``max_blocks_per_seq`` over live sequences
+  (the full distribution is ``StepSnapshot.seq_num_blocks``).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class StepMetrics:
+    kv_usage: float = 0.0
+    token_utilization: float = 0.0
+    allocated_slots: int = 0
+    filled_slots: int = 0
+    num_running: int = 0  # sequences computed in this step's batch
+    num_waiting: int = 0  # queue lengths after the step
+    num_swapped: int = 0
+    num_preemptions: int = 0  # cumulative (swap + recompute)
+    step_preemptions: int = 0
+    num_swaps_out: int = 0  # cumulative
+    num_swaps_in: int = 0
+    num_recomputes: int = 0
+    prefix_cache_hit_rate: float = 0.0  # cumulative
+    prefix_hit_tokens: int = 0
+    prefix_queried_tokens: int = 0
+    step_tokens: int = 0  # tokens whose K/V this step computed
+    step_prefill_tokens: int = 0
+    step_decode_tokens: int = 0
+    step_tokens_generated: int = 0
+    tokens_generated: int = 0  # cumulative
+    host_used_blocks: int = 0
+    fragmented_slots: int = 0  # contiguous: free slots in holes too small for the next reservation
+    largest_free_run: int = 0  # contiguous: longest run of free slots
+    mean_blocks_per_seq: float = 0.0
+    max_blocks_per_seq: int = 0
+    num_finished: int = 0  # requests, cumulative
+    num_rejected: int = 0
+    execute_s: float = 0.0  # wall time of the token source's execute()
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StepMetrics":
+        names = {f.name: f.type for f in fields(cls)}
+        unknown = set(data) - set(names)
+        if unknown:
+            raise ValueError(f"unknown metric field(s): {', '.join(sorted(unknown))}")
+        out = cls()
+        for key, value in data.items():
+            default = getattr(out, key)
+            setattr(out, key, float(value) if isinstance(default, float) else int(value))
+        return out
+
+
+@dataclass
+class RunStats:
+    """Accumulates step metrics into the figures of a run summary."""
+
+    steps: int = 0
+    peak_running: int = 0
+    sum_running: int = 0
+    sum_kv_usage: float = 0.0
+    sum_token_utilization: float = 0.0
+    utilization_steps: int = 0  # steps with anything allocated
+    sum_execute_s: float = 0.0
+    last: StepMetrics = field(default_factory=StepMetrics)
+
+    def add(self, m: StepMetrics) -> None:
+        self.steps += 1
+        self.peak_running = max(self.peak_running, m.num_running)
+        self.sum_running += m.num_running
+        self.sum_kv_usage += m.kv_usage
+        if m.allocated_slots:
+            self.sum_token_utilization += m.token_utilization
+            self.utilization_steps += 1
+        self.sum_execute_s += m.execute_s
+        self.last = m
+
+    @property
+    def mean_running(self) -> float:
+        return self.sum_running / self.steps if self.steps else 0.0
+
+    @property
+    def mean_kv_usage(self) -> float:
+        return self.sum_kv_usage / self.steps if self.steps else 0.0
+
+    @property
+    def mean_token_utilization(self) -> float:
+        """Mean over the steps in which anything was allocated."""
+        return self.sum_token_utilization / self.utilization_steps if self.utilization_steps else 0.0
+
+
+@dataclass
+class RunSummary:
+    """The figures of one run (the ``simulate --json`` object)."""
+
+    allocator: str
+    block_size: int
+    pool_slots: int
+    preemption: str
+    watermark: float
+    prefix_caching: bool
+    steps: int
+    requests: int
+    finished: int
+    rejected: list[dict]  # [{"id": ..., "reason": ...}]
+    preemptions: int
+    swaps_out: int
+    swaps_in: int
+    recomputes: int
+    peak_running: int
+    mean_running: float
+    mean_kv_usage: float
+    mean_token_utilization: float
+    prefix_cache_hit_rate: float
+    tokens_generated: int
+    mean_execute_s: float
+
+    def to_json(self) -> dict:
+        return asdict(self)

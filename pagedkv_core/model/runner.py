@@ -1,0 +1,321 @@
+"""The real token source: SmolLM2 (or any Llama) over our own paged KV pool.
+
+``ModelRunner`` implements :class:`pagedkv_core.batch.TokenSource`. ``bind`` allocates one K and
+one V pool per layer, each a flat ``[num_slots, kv_heads, head_dim]`` tensor (one slot = one
+token), plus a host pool of the same layout for swapped-out blocks. Every step the pool is viewed
+as ``[num_slots // block_size, block_size, kv_heads, head_dim]`` for the batch's block size, so the
+paged allocator (blocks of 16, say) and the contiguous baseline (presented with block size 1) drive
+the same memory and the same forward.
+
+``execute`` does what :class:`~pagedkv_core.batch.ScheduledBatch` lists, in order: swap-out
+(device -> host, ``kernels.swap_blocks``), swap-in (host -> device), copy-on-write
+(``kernels.copy_blocks``), then one forward over every sequence of the step (prefill chunks and
+decodes mixed, see :mod:`pagedkv_core.model.llama`) and the sampler.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import torch
+
+import kernels
+
+from ..batch import ScheduledBatch, SeqWork
+from ..kv_math import KVShape
+from .llama import AttentionMetadata, LlamaModel
+from .sampler import Draw, request_seed, sample
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"``/None: CUDA when available, else CPU. Raises ValueError for CUDA without one."""
+    name = str(device or "auto").lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {name!r}: use auto, cpu or cuda")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """None: float32 on CPU, bfloat16 on CUDA."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"unsupported dtype {dtype}")
+        return dtype
+    key = str(dtype).replace("torch.", "").lower()
+    if key not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}: use float32, bfloat16 or float16")
+    return _DTYPES[key]
+
+
+class ModelRunner:
+    """Runs a loaded Llama model over a paged KV pool; a :class:`TokenSource`.
+
+    ``loaded_model``: a :class:`pagedkv_core.model.loader.LoadedModel`. ``device``: "cpu",
+    "cuda" or "auto". ``dtype``: None (fp32 on CPU, bf16 on CUDA), or a name / torch dtype.
+    ``threads``: torch CPU threads (process-wide), None leaves torch's default.
+    """
+
+    def __init__(self, loaded_model, device: str | torch.device | None = "cpu", dtype=None, threads: int | None = None):
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        if threads is not None:
+            if int(threads) < 1:
+                raise ValueError(f"threads must be >= 1, got {threads}")
+            torch.set_num_threads(int(threads))
+        self.loaded = loaded_model
+        self.tokenizer = getattr(loaded_model, "tokenizer", None)
+        hf = loaded_model.model
+        self.config = hf.config
+        with torch.no_grad():
+            self.model = LlamaModel(hf, self.device, self.dtype)
+        self.kv_shape = KVShape.from_config(self.config, name=getattr(loaded_model, "name", None))
+        self.max_model_len = int(self.model.max_position)
+        eos = getattr(getattr(hf, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.config, "eos_token_id", None)
+        eos_list = [int(e) for e in eos] if isinstance(eos, (list, tuple)) else ([] if eos is None else [int(eos)])
+        self.eos_token_id: int | None = eos_list[0] if eos_list else None
+        self.extra_eos_token_ids: tuple[int, ...] = tuple(eos_list[1:])  # more end tokens, for stop_token_ids
+        self._salt = random.getrandbits(63)
+        self.num_slots = 0
+        self.num_host_slots = 0
+        self.k_pools: list[torch.Tensor] = []
+        self.v_pools: list[torch.Tensor] = []
+        self.k_host: list[torch.Tensor] = []
+        self.v_host: list[torch.Tensor] = []
+        self._pool = self._host = None
+        self.last_step_seconds = 0.0
+
+    # ------------------------------------------------------------------ sizing
+    @property
+    def dtype_name(self) -> str:
+        return _DTYPE_NAMES[self.dtype]
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """KV bytes of one token: 2 x layers x kv_heads x head_dim x dtype bytes."""
+        return self.kv_shape.bytes_per_token(self.dtype_name)
+
+    def bytes_per_block(self, block_size: int) -> int:
+        return self.kv_shape.bytes_per_block(block_size, self.dtype_name)
+
+    def slots_for_budget(self, budget_bytes: int, block_size: int = 1) -> int:
+        """The most slots (a whole number of blocks) whose K/V fit in ``budget_bytes``."""
+        blocks = int(budget_bytes) // self.bytes_per_block(block_size)
+        return max(0, blocks) * block_size
+
+    def profile_kv_budget(self, memory_fraction: float = 0.9, max_num_batched_tokens: int = 4096) -> int:
+        """CUDA: the bytes left for the KV pool when this process may use ``memory_fraction`` of
+        the GPU. A profiling forward of ``max_num_batched_tokens`` prefill tokens (against a tiny
+        pool) measures the activation peak; that peak (which includes the weights) and memory
+        held by anything else on the GPU are subtracted. CPU: raises (give a budget instead)."""
+        if self.device.type != "cuda":
+            raise ValueError("profiling the KV budget needs CUDA; give the pool in slots, blocks or bytes")
+        if not 0.0 < memory_fraction <= 1.0:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
+        saved = (self.num_slots, self.num_host_slots, self._pool, self._host,
+                 self.k_pools, self.v_pools, self.k_host, self.v_host)
+        from ..sampling import SamplingParams
+
+        n = max(16, int(max_num_batched_tokens))
+        block = 16
+        chunk = max(1, n // 2)  # one long prefill chunk ...
+        decodes = min(256, n - chunk)  # ... plus a batch of decodes: the heaviest step shapes
+        chunk_blocks = -(-chunk // block)
+        greedy = SamplingParams(max_tokens=1)
+        seqs = [SeqWork(seq_id=0, request_id="profile-0", sample_index=0, token_ids=[0] * chunk, start_pos=0,
+                        slots=list(range(chunk)), block_table=list(range(chunk_blocks)), num_samples=1,
+                        sampling=greedy, num_output_tokens=0)]
+        for i in range(decodes):
+            b = chunk_blocks + i
+            seqs.append(SeqWork(seq_id=i + 1, request_id=f"profile-{i + 1}", sample_index=0, token_ids=[0],
+                                start_pos=block - 1, slots=[b * block + block - 1], block_table=[b],
+                                num_samples=1, sampling=greedy, num_output_tokens=0))
+        batch = ScheduledBatch(step=0, block_size=block, seqs=seqs)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        try:
+            self.bind((chunk_blocks + decodes) * block, 0)
+            pool_bytes = self._pool.numel() * self._pool.element_size()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.execute(batch)
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - pool_bytes
+        finally:
+            (self.num_slots, self.num_host_slots, self._pool, self._host,
+             self.k_pools, self.v_pools, self.k_host, self.v_host) = saved
+            torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        others = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
+        return max(0, int(total * memory_fraction) - int(peak) - int(others))
+
+    # ------------------------------------------------------------------ TokenSource
+    def bind(self, num_slots: int, num_host_slots: int) -> None:
+        num_slots, num_host_slots = int(num_slots), int(num_host_slots)
+        if num_slots < 1 or num_host_slots < 0:
+            raise ValueError(f"need num_slots >= 1 and num_host_slots >= 0, got {num_slots}, {num_host_slots}")
+        L, Hkv, D = self.model.num_layers, self.model.num_kv_heads, self.model.head_dim
+        self._pool = self._host = None
+        self.k_pools = self.v_pools = self.k_host = self.v_host = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._pool = torch.zeros((L, 2, num_slots, Hkv, D), device=self.device, dtype=self.dtype)
+        self._host = kernels.alloc_host_cache((L, 2, num_host_slots, Hkv, D), self.dtype,
+                                              pin=self.device.type == "cuda")
+        self.k_pools = [self._pool[i, 0] for i in range(L)]
+        self.v_pools = [self._pool[i, 1] for i in range(L)]
+        self.k_host = [self._host[i, 0] for i in range(L)]
+        self.v_host = [self._host[i, 1] for i in range(L)]
+        self.num_slots, self.num_host_slots = num_slots, num_host_slots
+
+    def execute(self, batch: ScheduledBatch) -> dict[int, list[int]]:
+        if self._pool is None:
+            raise RuntimeError("ModelRunner.bind(num_slots, num_host_slots) must be called before execute")
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            self._block_ops(batch)
+            if not batch.seqs:
+                return {}
+            logits, works = self._forward(batch)
+            result = self._sample(logits, works)
+        self.last_step_seconds = time.perf_counter() - t0
+        return result
+
+    # ------------------------------------------------------------------ pieces
+    def block_views(self, pools: list[torch.Tensor], block_size: int) -> list[torch.Tensor]:
+        """``[num_blocks, block_size, kv_heads, head_dim]`` views of flat per-layer pools."""
+        Hkv, D = self.model.num_kv_heads, self.model.head_dim
+        out = []
+        for p in pools:
+            usable = (p.shape[0] // block_size) * block_size
+            out.append(p[:usable].view(-1, block_size, Hkv, D))
+        return out
+
+    def _block_ops(self, batch: ScheduledBatch) -> None:
+        bs = batch.block_size
+        if batch.swap_out or batch.swap_in:
+            dev = [v for pair in zip(self.block_views(self.k_pools, bs), self.block_views(self.v_pools, bs)) for v in pair]
+            host = [v for pair in zip(self.block_views(self.k_host, bs), self.block_views(self.v_host, bs)) for v in pair]
+            if batch.swap_out:
+                kernels.swap_blocks(dev, host, batch.swap_out)
+            if batch.swap_in:
+                kernels.swap_blocks(host, dev, batch.swap_in)
+        if batch.copies:
+            kernels.copy_blocks(self.block_views(self.k_pools, bs), self.block_views(self.v_pools, bs), batch.copies)
+
+    def _forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[tuple[SeqWork, int]]]:
+        """One forward over the batch; returns the logits of the sampling rows and, per row,
+        (the SeqWork, its row)."""
+        bs = batch.block_size
+        prefill = [s for s in batch.seqs if len(s.token_ids) > 1]
+        decode = [s for s in batch.seqs if len(s.token_ids) == 1]
+        order = prefill + decode
+        lens = np.fromiter((len(s.token_ids) for s in order), dtype=np.int64, count=len(order))
+        T = int(lens.sum())
+        P = int(lens[: len(prefill)].sum())
+        ids = np.empty(T, dtype=np.int64)
+        pos = np.empty(T, dtype=np.int64)
+        slots = np.empty(T, dtype=np.int64)
+        o = 0
+        sample_rows, works = [], []
+        for s, n in zip(order, lens.tolist()):
+            ids[o : o + n] = s.token_ids
+            slots[o : o + n] = s.slots
+            pos[o : o + n] = np.arange(s.start_pos, s.start_pos + n)
+            o += n
+            if s.num_samples > 0:
+                works.append((s, len(sample_rows)))
+                sample_rows.append(o - 1)
+        dev = self.device
+
+        def to_dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(dev, non_blocking=True)
+
+        meta = AttentionMetadata(slot_mapping=to_dev(slots), block_size=bs, num_prefill_tokens=P)
+        if prefill:
+            self._prefill_meta(meta, prefill, lens[: len(prefill)], bs, to_dev)
+        if decode:
+            ctx = np.fromiter((s.context_len for s in decode), dtype=np.int32, count=len(decode))
+            nblk = -(-ctx // bs)
+            table = np.zeros((len(decode), int(nblk.max())), dtype=np.int32)
+            for i, s in enumerate(decode):
+                table[i, : nblk[i]] = s.block_table[: nblk[i]]
+            meta.decode_block_tables = to_dev(table)
+            meta.decode_context_lens = to_dev(ctx)
+        if not sample_rows:
+            sample_rows_t = torch.zeros(0, dtype=torch.long, device=dev)
+        else:
+            sample_rows_t = to_dev(np.asarray(sample_rows, dtype=np.int64))
+        if T:
+            self.model.ensure_rope(int(pos.max()) + 1)
+        logits = self.model.forward(to_dev(ids), to_dev(pos), meta, self.k_pools, self.v_pools, sample_rows_t)
+        return logits, works
+
+    def _prefill_meta(self, meta: AttentionMetadata, prefill: list[SeqWork], lens: np.ndarray, bs: int, to_dev) -> None:
+        B = len(prefill)
+        if B == 1 and prefill[0].start_pos == 0:
+            meta.prefill_simple = True
+            return
+        Tq = int(lens.max())
+        starts = np.fromiter((s.start_pos for s in prefill), dtype=np.int64, count=B)
+        ctx = starts + lens
+        Tk = int(ctx.max())
+        offsets = np.concatenate(([0], np.cumsum(lens)[:-1]))
+        qi = np.arange(Tq)[None, :]
+        valid_q = qi < lens[:, None]
+        q_index = np.where(valid_q, offsets[:, None] + qi, 0).reshape(-1)
+        out_index = (np.arange(B)[:, None] * Tq + qi)[valid_q]
+        nblk = int(-(-Tk // bs))
+        table = np.zeros((B, nblk), dtype=np.int64)
+        for b, s in enumerate(prefill):
+            need = -(-int(ctx[b]) // bs)
+            table[b, :need] = s.block_table[:need]
+        kp = np.arange(Tk)
+        kv_slots = table[:, kp // bs] * bs + (kp % bs)[None, :]
+        kv_slots = np.where(kp[None, :] < ctx[:, None], kv_slots, 0).reshape(-1)
+        qpos = starts[:, None] + qi  # [B, Tq]
+        mask = (kp[None, None, :] <= qpos[:, :, None]) & (kp[None, None, :] < ctx[:, None, None])
+        meta.prefill_q_index = to_dev(q_index.astype(np.int64))
+        meta.prefill_out_index = to_dev(out_index.astype(np.int64))
+        meta.prefill_kv_slots = to_dev(kv_slots.astype(np.int64))
+        meta.prefill_mask = to_dev(mask[:, None, :, :])
+        meta.prefill_shape = (B, Tq, Tk)
+
+    def _sample(self, logits: torch.Tensor, works: list[tuple[SeqWork, int]]) -> dict[int, list[int]]:
+        draws: list[Draw] = []
+        owners: list[int] = []
+        for s, row in works:
+            seed = s.sampling.seed if s.sampling.seed is not None else request_seed(s.request_id, self._salt)
+            k = s.num_samples
+            for i in range(k):
+                idx = s.sample_index if k == 1 else i
+                draws.append(Draw(row, s.sampling, seed, idx, s.num_output_tokens))
+                owners.append(s.seq_id)
+        tokens = sample(logits, draws)
+        out: dict[int, list[int]] = {}
+        for sid, t in zip(owners, tokens):
+            out.setdefault(sid, []).append(t)
+        return out
+
+    def logits(self, batch: ScheduledBatch) -> dict[int, torch.Tensor]:
+        """Run ``batch`` (block ops and forward) and return seq_id -> float32 logits of its
+        sampling row, without sampling. For tests and inspection."""
+        with torch.inference_mode():
+            self._block_ops(batch)
+            logits, works = self._forward(batch)
+        return {s.seq_id: logits[row].clone() for s, row in works}

@@ -1,0 +1,73 @@
+"""An instant token source: deterministic token ids, no model.
+
+The token at output position ``p`` of sample ``i`` of request ``r`` is a pure function of
+``(r, i, p)``, so a request's token stream is the same whatever the allocator, block size,
+watermark or preemption mode; the scheduler stops it at the request's ``output_len`` (or
+``max_tokens``, whichever comes first). It never emits an end-of-sequence token.
+"""
+from __future__ import annotations
+
+import zlib
+
+from .batch import ScheduledBatch
+
+VOCAB_SIZE = 49152
+FIRST_TOKEN = 3  # ids below are special tokens (bos/eos/pad) in SmolLM2's vocabulary
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64 finaliser."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+_request_keys: dict[str, int] = {}
+
+
+def _request_key(request_id: str) -> int:
+    key = _request_keys.get(request_id)
+    if key is None:
+        key = _mix(zlib.crc32(request_id.encode("utf-8")) | (len(request_id) << 32))
+        if len(_request_keys) < 1 << 16:
+            _request_keys[request_id] = key
+    return key
+
+
+def scripted_token(request_id: str, sample_index: int, position: int) -> int:
+    """The scripted token id (in [FIRST_TOKEN, VOCAB_SIZE)) at an output position."""
+    x = _mix((_request_key(request_id) + sample_index * 0x9E3779B97F4A7C15 + (position << 20)) & _MASK)
+    return FIRST_TOKEN + x % (VOCAB_SIZE - FIRST_TOKEN)
+
+
+class ScriptedSource:
+    """TokenSource that writes no K/V and answers instantly."""
+
+    eos_token_id = None
+    max_model_len = 1 << 20
+
+    def __init__(self) -> None:
+        self.num_slots = 0
+        self.num_host_slots = 0
+        self.steps = 0
+
+    def bind(self, num_slots: int, num_host_slots: int) -> None:
+        self.num_slots = num_slots
+        self.num_host_slots = num_host_slots
+
+    def execute(self, batch: ScheduledBatch) -> dict[int, list[int]]:
+        self.steps += 1
+        out: dict[int, list[int]] = {}
+        for work in batch.seqs:
+            n = work.num_samples
+            if n == 0:
+                continue
+            pos = work.num_output_tokens
+            rid = work.request_id
+            if n == 1:
+                out[work.seq_id] = [scripted_token(rid, work.sample_index, pos)]
+            else:
+                out[work.seq_id] = [scripted_token(rid, i, pos) for i in range(n)]
+        return out

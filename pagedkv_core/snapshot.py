@@ -1,0 +1,251 @@
+"""``StepSnapshot``: the whole engine state after one step, as compact numpy arrays.
+
+Per slot (both allocators; one heatmap cell each):
+    ``slot_state`` int8 (codes in :class:`~pagedkv_core.slot_state.SlotState`),
+    ``slot_owner`` int32 (request index, -1 = none; a shared block shows one holder),
+    ``slot_token`` int32 (token id whose K/V the slot holds, -1 = none).
+Per block (paged only; zero-length for the contiguous baseline, which works per slot):
+    ``block_state`` int8, ``block_ref`` int16, ``block_fill`` int16 (tokens written),
+    ``block_hash`` int64 (prefix-cache hash, 0 = not cached). ``block_owners(b)`` lists
+    every sequence referencing block ``b``.
+Per live sequence (waiting, running, swapped), aligned arrays:
+    ``seq_id``, ``seq_request`` (request index), ``seq_sample``, ``seq_status`` (codes in
+    :class:`~pagedkv_core.sequence.SequenceStatus`), ``seq_num_tokens``, ``seq_num_computed``
+    (tokens whose K/V is in the pool), ``seq_num_blocks`` (blocks; reserved slots for the
+    contiguous baseline), ``seq_reserved_start`` (contiguous: first reserved slot, else -1),
+    and the block tables in CSR form: the table of sequence ``i`` is
+    ``seq_tables[seq_table_offsets[i]:seq_table_offsets[i + 1]]`` (paged only).
+Plus the queues (seq ids, FCFS order), the step's events and :class:`StepMetrics`.
+
+The allocators keep these arrays up to date as they go; a snapshot copies them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from .events import Event
+from .metrics import StepMetrics
+
+SLOT_ARRAYS = {"slot_state": np.int8, "slot_owner": np.int32, "slot_token": np.int32}
+BLOCK_ARRAYS = {"block_state": np.int8, "block_ref": np.int16, "block_fill": np.int16, "block_hash": np.int64}
+SEQ_ARRAYS = {
+    "seq_id": np.int32,
+    "seq_request": np.int32,
+    "seq_sample": np.int32,
+    "seq_status": np.int8,
+    "seq_num_tokens": np.int32,
+    "seq_num_computed": np.int32,
+    "seq_num_blocks": np.int32,
+    "seq_reserved_start": np.int32,
+}
+TABLE_ARRAYS = {"seq_table_offsets": np.int32, "seq_tables": np.int32}
+ARRAY_FIELDS = {**SLOT_ARRAYS, **BLOCK_ARRAYS, **SEQ_ARRAYS, **TABLE_ARRAYS}
+SCALAR_FIELDS = ("step", "allocator", "block_size", "num_slots", "num_blocks", "num_host_blocks")
+QUEUE_FIELDS = ("waiting", "running", "swapped")
+
+
+def _empty(dtype) -> np.ndarray:
+    return np.zeros(0, dtype=dtype)
+
+
+@dataclass(eq=False)
+class StepSnapshot:
+    step: int
+    allocator: str  # "paged" | "contiguous"
+    block_size: int  # as presented to token sources (1 for contiguous)
+    num_slots: int
+    num_blocks: int  # 0 for contiguous
+    num_host_blocks: int
+    slot_state: np.ndarray
+    slot_owner: np.ndarray
+    slot_token: np.ndarray
+    block_state: np.ndarray = field(default_factory=lambda: _empty(np.int8))
+    block_ref: np.ndarray = field(default_factory=lambda: _empty(np.int16))
+    block_fill: np.ndarray = field(default_factory=lambda: _empty(np.int16))
+    block_hash: np.ndarray = field(default_factory=lambda: _empty(np.int64))
+    seq_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    seq_request: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    seq_sample: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    seq_status: np.ndarray = field(default_factory=lambda: _empty(np.int8))
+    seq_num_tokens: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    seq_num_computed: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    seq_num_blocks: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    seq_reserved_start: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    seq_table_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int32))
+    seq_tables: np.ndarray = field(default_factory=lambda: _empty(np.int32))
+    waiting: tuple[int, ...] = ()
+    running: tuple[int, ...] = ()
+    swapped: tuple[int, ...] = ()
+    events: tuple[Event, ...] = ()
+    metrics: StepMetrics = field(default_factory=StepMetrics)
+
+    # ------------------------------------------------------------------ queries
+    def seq_index(self, seq_id: int) -> int:
+        hits = np.flatnonzero(self.seq_id == seq_id)
+        if not len(hits):
+            raise KeyError(f"sequence {seq_id} is not live at step {self.step}")
+        return int(hits[0])
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """Physical blocks of a sequence (contiguous: its reserved slot ids)."""
+        i = self.seq_index(seq_id)
+        if self.allocator == "contiguous":
+            start = int(self.seq_reserved_start[i])
+            return list(range(start, start + int(self.seq_num_blocks[i]))) if start >= 0 else []
+        lo, hi = self.seq_table_offsets[i], self.seq_table_offsets[i + 1]
+        return self.seq_tables[lo:hi].tolist()
+
+    def block_owners(self, block_id: int) -> list[int]:
+        """Seq ids whose block table references ``block_id`` (paged)."""
+        rows = np.searchsorted(self.seq_table_offsets, np.flatnonzero(self.seq_tables == block_id), side="right") - 1
+        return sorted({int(self.seq_id[r]) for r in rows})
+
+    @property
+    def block_owner(self) -> np.ndarray:
+        """Per block: request index of one holder (-1 = none)."""
+        return self.slot_owner[:: self.block_size][: self.num_blocks] if self.num_blocks else _empty(np.int32)
+
+    # ------------------------------------------------------------------ equality / JSON
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepSnapshot):
+            return NotImplemented
+        for name in SCALAR_FIELDS + QUEUE_FIELDS + ("events", "metrics"):
+            if getattr(self, name) != getattr(other, name):
+                return False
+        for name, dtype in ARRAY_FIELDS.items():
+            a, b = getattr(self, name), getattr(other, name)
+            if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
+                return False
+        return True
+
+    def to_json(self) -> dict:
+        out: dict = {name: getattr(self, name) for name in SCALAR_FIELDS}
+        for name in ARRAY_FIELDS:
+            out[name] = getattr(self, name).tolist()
+        for name in QUEUE_FIELDS:
+            out[name] = list(getattr(self, name))
+        out["events"] = [e.to_json() for e in self.events]
+        out["metrics"] = self.metrics.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StepSnapshot":
+        """Inverse of :meth:`to_json`. Raises ValueError (one line) on anything malformed."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a step must be a JSON object, got {type(data).__name__}")
+        missing = [k for k in SCALAR_FIELDS + tuple(ARRAY_FIELDS) + QUEUE_FIELDS + ("events", "metrics") if k not in data]
+        if missing:
+            raise ValueError(f"step is missing field(s): {', '.join(missing)}")
+        kwargs: dict = {}
+        for name in SCALAR_FIELDS:
+            value = data[name]
+            if name == "allocator":
+                if value not in ("paged", "contiguous"):
+                    raise ValueError(f"unknown allocator {value!r}")
+                kwargs[name] = value
+            else:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ValueError(f"field {name} must be an integer, got {value!r}")
+                kwargs[name] = value
+        for name, dtype in ARRAY_FIELDS.items():
+            value = data[name]
+            if not isinstance(value, list):
+                raise ValueError(f"field {name} must be a list")
+            try:
+                kwargs[name] = np.array(value, dtype=dtype).reshape(-1)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise ValueError(f"field {name}: {exc}") from None
+        for name in QUEUE_FIELDS:
+            kwargs[name] = tuple(int(x) for x in data[name])
+        try:
+            kwargs["events"] = tuple(Event.from_json(e) for e in data["events"])
+            kwargs["metrics"] = StepMetrics.from_json(data["metrics"])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed events or metrics: {exc!r}") from None
+        snap = cls(**kwargs)
+        snap._check_shapes()
+        return snap
+
+    def _check_shapes(self) -> None:
+        for name in SLOT_ARRAYS:
+            if len(getattr(self, name)) != self.num_slots:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries, expected num_slots={self.num_slots}")
+        for name in BLOCK_ARRAYS:
+            if len(getattr(self, name)) != self.num_blocks:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries, expected num_blocks={self.num_blocks}")
+        n = len(self.seq_id)
+        for name in SEQ_ARRAYS:
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries, expected {n} sequences")
+        if len(self.seq_table_offsets) != n + 1 or int(self.seq_table_offsets[-1]) != len(self.seq_tables):
+            raise ValueError("seq_table_offsets do not match seq_tables")
+
+
+def take_snapshot(step: int, allocator, scheduler, events: tuple[Event, ...], metrics: StepMetrics) -> StepSnapshot:
+    """Copy the allocator's arrays and the scheduler's queues into a StepSnapshot."""
+    running, waiting, swapped = scheduler.running, scheduler.waiting, scheduler.swapped
+    seqs = running + waiting + swapped
+    n = len(seqs)
+    paged = allocator.kind == "paged"
+    if paged:
+        tables_by_id = allocator.tables
+        tables = [tables_by_id.get(s.seq_id, ()) for s in seqs]
+        num_blocks = [len(t) for t in tables]
+        reserved = [-1] * n
+    else:
+        res = allocator.reservations
+        tables = []
+        rows = [res.get(s.seq_id, (-1, 0)) for s in seqs]
+        reserved = [r[0] for r in rows]
+        num_blocks = [r[1] for r in rows]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    if paged and n:
+        np.cumsum(num_blocks, out=offsets[1:])
+        flat = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=int(offsets[-1]))
+    else:
+        flat = _empty(np.int32)
+    if n:
+        metrics.mean_blocks_per_seq = sum(num_blocks) / n
+        metrics.max_blocks_per_seq = max(num_blocks)
+        rows = np.array(
+            [
+                (s.seq_id, s.request.index, s.sample_index, s.status, len(s.token_ids), s.num_computed, nb, r)
+                for s, nb, r in zip(seqs, num_blocks, reserved)
+            ],
+            dtype=np.int32,
+        ).T
+    else:
+        rows = np.zeros((8, 0), dtype=np.int32)
+    return StepSnapshot(
+        step=step,
+        allocator=allocator.kind,
+        block_size=allocator.block_size,
+        num_slots=allocator.num_slots,
+        num_blocks=allocator.num_blocks,
+        num_host_blocks=allocator.num_host_slots // allocator.block_size if paged else 0,
+        slot_state=allocator.slot_state.copy(),
+        slot_owner=allocator.slot_owner.copy(),
+        slot_token=allocator.slot_token.copy(),
+        block_state=allocator.block_state.copy(),
+        block_ref=allocator.block_ref.copy(),
+        block_fill=allocator.block_fill.copy(),
+        block_hash=allocator.block_hash.copy(),
+        seq_id=rows[0].copy(),
+        seq_request=rows[1].copy(),
+        seq_sample=rows[2].copy(),
+        seq_status=rows[3].astype(np.int8),
+        seq_num_tokens=rows[4].copy(),
+        seq_num_computed=rows[5].copy(),
+        seq_num_blocks=rows[6].copy(),
+        seq_reserved_start=rows[7].copy(),
+        seq_table_offsets=offsets,
+        seq_tables=flat,
+        waiting=tuple(s.seq_id for s in waiting),
+        running=tuple(s.seq_id for s in running),
+        swapped=tuple(s.seq_id for s in swapped),
+        events=events,
+        metrics=metrics,
+    )

@@ -1,0 +1,110 @@
+"""Reserve or page: the same requests on the same memory, contiguous reservations beside paged blocks."""
+import numpy as np
+import streamlit as st
+
+from pagedkv_core.config import ConfigError
+from pages import player
+from pages.runs import Run, current_workload, live_pair, scripted_run, settings_config, step_live, uploaded_trace
+from pages.viz import LEGEND, pool_heatmap, slot_hover_text, step_curves
+
+KEY = "rop"
+
+st.title("Reserve or page")
+st.markdown(
+    "The same requests arrive at the same KV memory twice. **Left**: each request reserves room for its "
+    "longest possible answer in one contiguous piece. **Right**: vLLM-style paging hands out small "
+    "blocks as tokens arrive. Press **Play** and watch who gets to run."
+)
+
+trace = uploaded_trace()
+try:
+    if trace is not None:
+        runs = [trace]
+        st.info(f"Replaying {trace.label} ({len(trace.snapshots)} steps). Clear the upload in the sidebar to run the engine again.")
+    elif st.session_state.get("source") == "model":
+        runs = live_pair()
+    else:
+        workload = current_workload()
+        runs = [scripted_run(settings_config("contiguous"), workload, "contiguous"),
+                scripted_run(settings_config("paged"), workload, "paged")]
+except ConfigError as exc:
+    st.error(str(exc))
+    st.stop()
+if runs is None:
+    st.stop()
+
+live = any(r.engine is not None and not r.done for r in runs)
+num_steps = max(len(r.snapshots) for r in runs)
+player.controls(KEY, num_steps, can_grow=live)
+for r in runs:
+    if not r.done and r.engine is None:
+        st.warning(f"The {r.label} run was cut short after {len(r.snapshots)} steps.")
+
+
+def side(run: Run, step: int) -> None:
+    snap = run.at(step)
+    m = snap.metrics
+    label = "Contiguous (reserve the maximum)" if run.allocator == "contiguous" else f"Paged (blocks of {snap.block_size})"
+    if run.label.startswith("trace"):
+        label = f"{label}, from {run.label}"
+    st.subheader(label)
+    c = st.columns(3) + st.columns(3)
+    c[0].metric("running", m.num_running, help="sequences computed in this step")
+    c[1].metric("waiting", m.num_waiting, help="requests queued for admission")
+    c[2].metric("tokens this step", m.step_tokens, help="prefill + decode tokens computed in this step")
+    c[3].metric("token utilization", f"{m.token_utilization:.0%}", help="slots holding a token / allocated slots")
+    c[4].metric("KV usage", f"{m.kv_usage:.0%}", help="allocated (reserved) slots / pool")
+    c[5].metric("preemptions", m.num_preemptions, help="sequences evicted so far (swap or recompute)")
+    text = slot_hover_text(snap, run.request_ids, run.token_text.get if run.token_text else None)
+    shared = snap.slot_state == 4
+    fig = pool_heatmap(snap.slot_state, snap.slot_owner, text, max(snap.block_size, 1),
+                       f"{snap.num_slots:,} KV slots at step {snap.step}", shared_mask=shared)
+    st.plotly_chart(fig, use_container_width=True, key=f"{KEY}_heat_{run.allocator}",
+                    config={"displayModeBar": False})
+    finished = m.num_finished
+    st.caption(f"finished {finished} · rejected {m.num_rejected} · swapped {m.num_swapped}"
+               + (f" · fragmented slots {m.fragmented_slots}" if run.allocator == "contiguous" else ""))
+
+
+@st.fragment(run_every=player.interval(KEY))
+def show() -> None:
+    if live and player.is_playing(KEY):
+        step_live(runs, int(st.session_state.get(f"{KEY}_step", 0)))
+    n = max(len(r.snapshots) for r in runs)
+    step = player.tick(KEY, n, can_grow=live)
+    player.slider(KEY, n)
+    cols = st.columns(len(runs))
+    for col, run in zip(cols, runs):
+        with col:
+            side(run, step)
+    st.caption(LEGEND)
+    series = {}
+    for run in runs:
+        ys = [s.metrics.token_utilization for s in run.snapshots]
+        series[f"{run.allocator} token utilization"] = ys
+    fig = step_curves(range(n), series, "Token utilization over the run: filled slots / allocated slots",
+                      "token utilization", current_step=step)
+    st.plotly_chart(fig, use_container_width=True, key=f"{KEY}_curves", config={"displayModeBar": False})
+
+
+show()
+
+st.markdown(
+    """
+**What you are looking at**
+- **Reservation waste** (orange on the left): the contiguous allocator reserves prompt + `max_tokens`
+  slots at admission. Most answers stop long before `max_tokens`, so most of each reservation never
+  holds a token, yet nobody else may use it.
+- **External fragmentation** (dusty red on the left): free slots between reservations, in holes too
+  small for the next request's reservation. The queue waits although memory is free.
+- **Internal fragmentation** (orange on the right): paging allocates one block at a time, so only the
+  unfilled end of each sequence's last block is empty: less than one block per sequence.
+- The result: the paged side runs many more requests at once (*running*) and finishes the same work in
+  fewer steps.
+"""
+)
+cols = st.columns(len(runs))
+for col, run in zip(cols, runs):
+    col.download_button(f"Download the {run.allocator} trace (.jsonl)", run.trace_bytes() if run.done else b"",
+                        file_name=f"pagedkv-{run.allocator}.jsonl", mime="application/jsonl",
+                        disabled=not run.done, key=f"{KEY}_dl_{run.allocator}")

@@ -1,0 +1,163 @@
+"""Plotly figures for the pages: one heatmap cell per KV slot, and curves over the steps.
+
+Pure functions from snapshot arrays to figures, so the pages stay thin and the figures are testable.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+
+from pagedkv_core.slot_state import SlotState
+
+# Fixed colours for the states that are not "a request's own token".
+FREE_COLOR = "#e6e6e6"  # grey: free
+EMPTY_COLOR = "#ff9f1c"  # orange: allocated but holding nothing
+CACHED_COLOR = "#b8d8e8"  # pale blue: cached-free block, reusable until evicted
+FRAGMENT_COLOR = "#c9a9a6"  # dusty red: a free hole too small for the next reservation
+# Request colours (filled slots): a qualitative palette without grey or orange.
+REQUEST_COLORS = [
+    "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+    "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd", "#31a354", "#756bb1", "#e7298a",
+]
+_STATIC = {SlotState.FREE: 0, SlotState.EMPTY: 1, SlotState.CACHED: 2, SlotState.FRAGMENT: 3}
+_STATIC_COLORS = [FREE_COLOR, EMPTY_COLOR, CACHED_COLOR, FRAGMENT_COLOR]
+NUM_CODES = len(_STATIC_COLORS) + len(REQUEST_COLORS)
+
+LEGEND = (
+    "grey = free · orange = allocated but holding nothing · colour = the request whose tokens fill it · "
+    "● = shared block (ref count > 1) · pale blue = cached block nobody uses (reusable) · "
+    "dusty red = free hole too small for the next reservation"
+)
+
+
+def grid_width(num_slots: int, block_size: int) -> int:
+    """Columns of the heatmap: a whole number of blocks per row, about twice as wide as tall."""
+    width = max(block_size, int(math.sqrt(2 * num_slots)))
+    width = max(block_size, (width // block_size) * block_size)
+    return min(width, num_slots)
+
+
+def color_codes(slot_state: np.ndarray, slot_owner: np.ndarray) -> np.ndarray:
+    """int8 code per slot: 0..3 the fixed states, 4.. the owner's palette colour."""
+    z = np.zeros(slot_state.shape, dtype=np.int8)
+    for state, code in _STATIC.items():
+        z[slot_state == state] = code
+    holds = (slot_state == SlotState.FILLED) | (slot_state == SlotState.SHARED)
+    z[holds] = len(_STATIC_COLORS) + (np.maximum(slot_owner[holds], 0) % len(REQUEST_COLORS))
+    return z
+
+
+def _discrete_colorscale() -> list:
+    colors = _STATIC_COLORS + REQUEST_COLORS
+    n = len(colors)
+    scale = []
+    for i, c in enumerate(colors):
+        scale += [[i / n, c], [(i + 1) / n, c]]
+    return scale
+
+
+def pool_heatmap(slot_state, slot_owner, hover_text, block_size: int, title: str, *, width: int | None = None,
+                 height: int = 420, shared_mask=None) -> go.Figure:
+    """The KV pool as a grid of slots, row-major, ``width`` slots per row.
+
+    ``hover_text``: one string per slot (request, block, offset, token); ``shared_mask``: slots of
+    shared blocks, drawn with a dot."""
+    n = len(slot_state)
+    width = width or grid_width(n, block_size)
+    rows = math.ceil(n / width)
+    pad = rows * width - n
+
+    def grid(a, fill):
+        return np.concatenate([np.asarray(a), np.full(pad, fill, dtype=np.asarray(a).dtype)]).reshape(rows, width)
+
+    z = grid(color_codes(np.asarray(slot_state), np.asarray(slot_owner)), 0)
+    text = grid(np.asarray(hover_text, dtype=object), "")
+    fig = go.Figure(go.Heatmap(
+        z=z, zmin=-0.5, zmax=NUM_CODES - 0.5, colorscale=_discrete_colorscale(), showscale=False,
+        text=text, hovertemplate="%{text}<extra></extra>", xgap=1, ygap=1,
+    ))
+    if shared_mask is not None and np.any(shared_mask):
+        idx = np.flatnonzero(np.asarray(shared_mask))
+        fig.add_trace(go.Scattergl(x=idx % width, y=idx // width, mode="markers", hoverinfo="skip",
+                                   marker=dict(symbol="circle", size=4, color="white"), showlegend=False))
+    # Block boundaries: a faint vertical line every block (when blocks are wide enough to see).
+    if 1 < block_size < width and width // block_size <= 32:
+        for x in range(block_size, width, block_size):
+            fig.add_vline(x=x - 0.5, line_width=1.5, line_color="white")
+    fig.update_layout(
+        title=dict(text=title, x=0.0, font=dict(size=15)), height=height, margin=dict(l=40, r=10, t=40, b=30),
+        plot_bgcolor="white", hoverlabel=dict(font_size=12),
+    )
+    fig.update_xaxes(title_text=f"slot within row ({width} per row)", showgrid=False, zeroline=False,
+                     range=[-0.5, width - 0.5])
+    fig.update_yaxes(title_text="row", autorange="reversed", showgrid=False, zeroline=False)
+    return fig
+
+
+def step_curves(steps, series: dict[str, list], title: str, y_title: str, *, percent: bool = True,
+                current_step: int | None = None, height: int = 300) -> go.Figure:
+    """Several named curves over the engine steps, on one chart."""
+    fig = go.Figure()
+    for name, ys in series.items():
+        fig.add_trace(go.Scatter(x=list(steps), y=list(ys), mode="lines", name=name))
+    if current_step is not None:
+        fig.add_vline(x=current_step, line_dash="dot", line_color="#555")
+    fig.update_layout(title=dict(text=title, x=0.0, font=dict(size=15)), height=height,
+                      margin=dict(l=50, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(title_text="engine step")
+    fig.update_yaxes(title_text=y_title, tickformat=".0%" if percent else None, rangemode="tozero")
+    return fig
+
+
+STATE_WORDS = {
+    SlotState.FREE: "free",
+    SlotState.FILLED: "holds a token",
+    SlotState.EMPTY: "allocated, holding nothing yet",
+    SlotState.CACHED: "cached: no owner, reusable until evicted",
+    SlotState.SHARED: "shared block",
+    SlotState.FRAGMENT: "free, but in a hole too small for the next reservation",
+}
+
+
+def slot_hover_text(snap, request_ids: list[str], token_text=None) -> list[str]:
+    """One hover string per slot: state, request, physical block and offset (paged) or the
+    reservation offset (contiguous), and the token it holds (its text when ``token_text`` maps
+    ids to text, as for the real model)."""
+    state, owner, token = snap.slot_state, snap.slot_owner, snap.slot_token
+    n = len(state)
+    words = {int(k): v for k, v in STATE_WORDS.items()}
+    if snap.allocator == "paged":
+        bs = snap.block_size
+        ref = snap.block_ref
+
+        def where(s):
+            b = s // bs
+            r = int(ref[b]) if b < len(ref) else 0
+            return f"block {b}, slot {s % bs + 1} of {bs}" + (f" · ref count {r}" if r > 1 else "")
+    else:
+        res_start = [-1] * n
+        res_len = [0] * n
+        for start, length in zip(snap.seq_reserved_start.tolist(), snap.seq_num_blocks.tolist()):
+            if start >= 0:
+                for s in range(start, min(n, start + length)):
+                    res_start[s], res_len[s] = start, length
+
+        def where(s):
+            if res_start[s] < 0:
+                return f"slot {s}"
+            return f"slot {s} · offset {s - res_start[s]} of a {res_len[s]}-slot reservation"
+
+    out = []
+    for s in range(n):
+        st_code = int(state[s])
+        o = int(owner[s])
+        who = f"request {request_ids[o] if 0 <= o < len(request_ids) else o}" if o >= 0 else ""
+        t = int(token[s])
+        tok = ""
+        if t >= 0:
+            tok = f"token {t}" if token_text is None else f"token {token_text(t)!r}"
+        parts = [p for p in (who, where(s), words.get(st_code, "?"), tok) if p]
+        out.append("<br>".join(parts))
+    return out

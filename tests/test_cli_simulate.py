@@ -1,0 +1,149 @@
+"""``python -m pagedkv_core simulate``: JSON summary, table, trace, bad input -> exit 2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pagedkv_core.cli import add_engine_args, config_from_args, main
+from pagedkv_core.trace import read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUIRED = {
+    "allocator", "block_size", "pool_slots", "steps", "requests", "finished", "rejected", "preemptions",
+    "swaps_out", "swaps_in", "recomputes", "peak_running", "mean_running", "mean_kv_usage",
+    "mean_token_utilization", "prefix_cache_hit_rate", "tokens_generated",
+}  # fmt: skip
+
+
+def simulate_json(capsys, *args) -> dict:
+    assert main(["simulate", *args, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # exactly one JSON object on stdout
+    return json.loads(out)
+
+
+def test_json_summary_has_every_field(capsys):
+    s = simulate_json(capsys, "--workload", "explainer40")
+    assert REQUIRED <= set(s)
+    assert s["allocator"] == "paged" and s["block_size"] == 16 and s["pool_slots"] == 2048
+    assert s["requests"] == s["finished"] == 40 and s["rejected"] == []
+    assert s["mean_token_utilization"] >= 0.9 and s["peak_running"] > 20
+    assert s["tokens_generated"] > 0 and s["steps"] > 0
+
+
+def test_flags_reach_the_engine(capsys):
+    s = simulate_json(
+        capsys, "--workload", "burst", "--allocator", "paged", "--pool-slots", "1024", "--block-size", "8",
+        "--watermark", "0.05", "--preemption", "swap", "--swap-slots", "256", "--no-prefix-caching",
+        "--max-batch-tokens", "256", "--seed", "3",
+    )  # fmt: skip
+    assert s["pool_slots"] == 1024 and s["block_size"] == 8 and s["preemption"] == "swap"
+    assert s["watermark"] == 0.05 and s["prefix_caching"] is False and s["seed"] == 3
+    assert s["prefix_cache_hit_rate"] == 0.0
+    assert s["swaps_out"] > 0 and s["recomputes"] > 0  # a 256-slot host pool fills up at times
+    assert s["preemptions"] == s["swaps_out"] + s["recomputes"]
+
+
+def test_contiguous_run_and_rejections_from_a_workload_file(capsys, tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"id": "fits", "prompt_len": 10, "output_len": 5, "max_tokens": 20},
+                {"id": "never", "prompt_len": 100, "output_len": 5, "max_tokens": 200},
+            ]
+        )
+    )
+    s = simulate_json(capsys, "--workload-file", str(path), "--allocator", "contiguous", "--pool-slots", "256")
+    assert s["finished"] == 1 and [r["id"] for r in s["rejected"]] == ["never"]
+    assert "300" in s["rejected"][0]["reason"] and s["peak_running"] == 1
+
+
+def test_human_table(capsys):
+    assert main(["simulate", "--workload", "trickle"]) == 0
+    out = capsys.readouterr().out
+    assert "token utilization" in out and "preemptions" in out and "trickle" in out
+    assert not out.lstrip().startswith("{")
+
+
+def test_trace_out_writes_a_readable_trace(capsys, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    s = simulate_json(capsys, "--workload", "shared_preamble", "--trace-out", str(trace))
+    header, snaps = read_trace(trace)
+    assert len(snaps) == s["steps"] and header["workload"] == "shared_preamble"
+    assert len(header["requests"]) == s["requests"] and header["config"]["pool_slots"] == s["pool_slots"]
+    assert [snap.step for snap in snaps] == list(range(s["steps"]))
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--block-size", "0"], "block_size must be >= 1, got 0"),
+        (["--block-size", "-4"], "got -4"),
+        (["--watermark", "1"], "watermark must be in [0, 1), got 1.0"),
+        (["--watermark", "-0.1"], "got -0.1"),
+        (["--pool-slots", "8"], "got 8"),
+        (["--allocator", "buddy"], "'buddy'"),
+        (["--preemption", "drop"], "'drop'"),
+        (["--swap-slots", "-1"], "got -1"),
+        (["--max-batch-tokens", "0"], "got 0"),
+        (["--block-size", "big"], "'big'"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(capsys, args, fragment):
+    assert main(["simulate", "--workload", "explainer40", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and fragment in captured.err
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ("[{", "not valid JSON"),
+        ('[{"id": "a", "prompt_len": 5, "output_len": -2, "max_tokens": 3}]', "output_len must be >= 1, got -2"),
+        ('{"id": "a"}', "JSON list"),
+    ],
+)
+def test_bad_workload_files_exit_2(capsys, tmp_path, content, fragment):
+    path = tmp_path / "w.json"
+    path.write_text(content)
+    assert main(["simulate", "--workload-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err
+
+
+def test_unknown_workload_and_missing_source(capsys):
+    assert main(["simulate", "--workload", "nope"]) == 2
+    assert "unknown workload 'nope'" in capsys.readouterr().err
+    assert main(["simulate"]) == 2
+    assert "--workload" in capsys.readouterr().err
+    assert main(["frobnicate"]) == 2
+
+
+def test_module_entry_point_exit_codes_without_traceback():
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "pagedkv_core", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+
+    ok = run("simulate", "--workload", "explainer40", "--allocator", "contiguous", "--json")
+    assert ok.returncode == 0, ok.stderr
+    s = json.loads(ok.stdout)
+    assert s["allocator"] == "contiguous" and s["peak_running"] == 3
+    bad = run("simulate", "--workload", "explainer40", "--block-size", "0")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_engine_flag_helpers_are_reusable():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--block-size", "32", "--allocator", "contiguous"])
+    cfg = config_from_args(args, pool_slots=4096)
+    assert cfg.block_size == 32 and cfg.allocator == "contiguous" and cfg.pool_slots == 4096

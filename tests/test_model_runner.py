@@ -1,0 +1,223 @@
+"""The model runner on its own: ScheduledBatch objects built by hand (no scheduler), the real
+SmolLM2 on the CPU, compared with transformers."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from pagedkv_core.batch import ScheduledBatch, SeqWork
+from pagedkv_core.model.sampler import sample, uniform, Draw
+from pagedkv_core.sampling import SamplingParams
+
+CHATS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Give me three tips for learning to code.",
+    "Why is the sky blue?",
+]
+GREEDY = SamplingParams(max_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from pagedkv_core.model.loader import load_model
+
+    return load_model(None, progress=lambda f, m: None)
+
+
+@pytest.fixture(scope="module")
+def runner(loaded):
+    from pagedkv_core.model.runner import ModelRunner
+
+    return ModelRunner(loaded, device="cpu")
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    ids = enc["input_ids"] if not isinstance(enc, list) else enc
+    return [int(t) for t in ids]
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded):
+    return [chat_ids(loaded.tokenizer, c) for c in CHATS[:3]]
+
+
+@pytest.fixture(scope="module")
+def hf_reference(loaded, prompts):
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            gen = loaded.model.generate(torch.tensor([ids]), max_new_tokens=GREEDY.max_tokens, do_sample=False)
+            out.append(gen[0, len(ids):].tolist())
+    return out
+
+
+class Driver:
+    """A throwaway scheduler: fixed requests, blocks handed out at random from a free list."""
+
+    def __init__(self, runner, block_size: int, num_blocks: int, seed: int = 0):
+        self.runner = runner
+        self.bs = block_size
+        runner.bind(num_blocks * block_size, num_blocks * block_size)
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+        self.step = 0
+
+    def table_for(self, table: list[int], n_tokens: int) -> list[int]:
+        while len(table) * self.bs < n_tokens:
+            table.append(self.free.pop())
+        return table
+
+    def slots(self, table, start, n):
+        return [table[p // self.bs] * self.bs + p % self.bs for p in range(start, start + n)]
+
+    def generate(self, prompts, sampling=GREEDY, start_steps=None, chunk=None):
+        """Greedy-decode every prompt; prompt i joins at step start_steps[i] (mixed steps);
+        prompts are prefilled in chunks of ``chunk`` tokens when given."""
+        n = len(prompts)
+        start_steps = start_steps or [0] * n
+        state = [dict(table=[], done=0, out=[], finished=False) for _ in prompts]
+        eos = self.runner.eos_token_id
+        while not all(s["finished"] for s in state):
+            work = []
+            for i, (ids, st) in enumerate(zip(prompts, state)):
+                if st["finished"] or self.step < start_steps[i]:
+                    continue
+                full = ids + st["out"]
+                if st["done"] < len(ids):
+                    take = len(ids) - st["done"] if chunk is None else min(chunk, len(ids) - st["done"])
+                    toks = ids[st["done"] : st["done"] + take]
+                else:
+                    toks = [full[-1]]
+                start = st["done"]
+                table = self.table_for(st["table"], start + len(toks))
+                samples = 1 if start + len(toks) >= len(ids) else 0
+                work.append(SeqWork(i, f"r{i}", 0, toks, start, self.slots(table, start, len(toks)), list(table),
+                                    samples, sampling, len(st["out"])))
+            res = self.runner.execute(ScheduledBatch(self.step, self.bs, work))
+            for w in work:
+                st = state[w.seq_id]
+                st["done"] += len(w.token_ids)
+                if w.num_samples:
+                    t = res[w.seq_id][0]
+                    st["out"].append(t)
+                    if t == eos or len(st["out"]) >= sampling.max_tokens:
+                        st["finished"] = True
+            self.step += 1
+        return [st["out"] for st in state]
+
+
+@pytest.mark.slow
+def test_logits_match_transformers(loaded, runner, prompts):
+    ids = prompts[0]
+    d = Driver(runner, 16, 16)
+    table = d.table_for([], len(ids))
+    work = SeqWork(0, "r0", 0, ids, 0, d.slots(table, 0, len(ids)), table, 1, GREEDY, 0)
+    ours = runner.logits(ScheduledBatch(0, 16, [work]))[0]
+    with torch.no_grad():
+        theirs = loaded.model(torch.tensor([ids])).logits[0, -1].float()
+    assert torch.allclose(ours, theirs, atol=2e-3, rtol=1e-4), (ours - theirs).abs().max()
+    assert int(ours.argmax()) == int(theirs.argmax())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_greedy_matches_transformers_mixed_steps(runner, prompts, hf_reference, block_size):
+    num_blocks = -(-(max(map(len, prompts)) + GREEDY.max_tokens) // block_size) * len(prompts) + 2
+    d = Driver(runner, block_size, num_blocks, seed=block_size)
+    # the first two prefill together (one padded attention call); the third joins while they
+    # decode: a mixed prefill/decode step
+    got = d.generate(prompts, start_steps=[0, 0, 3])
+    assert got == hf_reference
+
+
+@pytest.mark.slow
+def test_chunked_prefill_matches(runner, prompts, hf_reference):
+    d = Driver(runner, 16, 40, seed=3)
+    got = d.generate(prompts[:2], chunk=10, start_steps=[0, 1])
+    assert got == hf_reference[:2]
+
+
+@pytest.mark.slow
+def test_cached_prefix_gives_same_next_token(runner, prompts):
+    bs = 16
+    ids = prompts[1]
+    d = Driver(runner, bs, 16, seed=5)
+    table = d.table_for([], len(ids))
+    full = SeqWork(0, "a", 0, ids, 0, d.slots(table, 0, len(ids)), list(table), 1, GREEDY, 0)
+    ref = runner.logits(ScheduledBatch(0, bs, [full]))[0]
+    # a second request shares the first two full blocks (a prefix-cache hit) and computes only the rest
+    hit = 2 * bs
+    table2 = list(table[:2])
+    table2 = d.table_for(table2, len(ids))
+    rest = SeqWork(1, "b", 0, ids[hit:], hit, d.slots(table2, hit, len(ids) - hit), table2, 1, GREEDY, 0)
+    got = runner.logits(ScheduledBatch(1, bs, [rest]))[1]
+    assert int(got.argmax()) == int(ref.argmax())
+    assert torch.allclose(got, ref, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_swap_out_and_in_is_bit_identical(runner, prompts):
+    bs = 16
+    ids = prompts[0]
+    d = Driver(runner, bs, 12, seed=7)
+    table = d.table_for([], len(ids))
+    runner.execute(ScheduledBatch(0, bs, [SeqWork(0, "a", 0, ids, 0, d.slots(table, 0, len(ids)), table, 1, GREEDY, 0)]))
+    before_k = [runner.k_pools[l].view(-1, bs, *runner.k_pools[l].shape[1:])[table].clone() for l in range(3)]
+    before_v = [runner.v_pools[l].view(-1, bs, *runner.v_pools[l].shape[1:])[table].clone() for l in range(3)]
+    host = list(range(len(table)))[::-1]
+    runner.execute(ScheduledBatch(1, bs, swap_out=list(zip(table, host))))
+    for p in runner.k_pools + runner.v_pools:  # the device blocks get reused by someone else
+        p.view(-1, bs, *p.shape[1:])[table] = -1.0
+    new_table = [d.free.pop() for _ in table]
+    runner.execute(ScheduledBatch(2, bs, swap_in=list(zip(host, new_table))))
+    for l in range(3):
+        assert torch.equal(runner.k_pools[l].view(-1, bs, *runner.k_pools[l].shape[1:])[new_table], before_k[l])
+        assert torch.equal(runner.v_pools[l].view(-1, bs, *runner.v_pools[l].shape[1:])[new_table], before_v[l])
+
+
+@pytest.mark.slow
+def test_fork_samples_and_copy_on_write(runner, prompts):
+    bs = 16
+    ids = prompts[2]
+    d = Driver(runner, bs, 20, seed=9)
+    sp = SamplingParams(max_tokens=4, temperature=1.0, top_p=0.95, seed=123, n=3)
+    table = d.table_for([], len(ids))
+    w = SeqWork(0, "f", 0, ids, 0, d.slots(table, 0, len(ids)), list(table), 3, sp, 0)
+    first = runner.execute(ScheduledBatch(0, bs, [w]))[0]
+    assert len(first) == 3
+    again = runner.execute(ScheduledBatch(1, bs, [w]))[0]  # recompute draws the same tokens
+    assert again == first
+    # the three children share the prompt's blocks; the partially filled tail is copied on write
+    pos = len(ids)
+    filled = pos % bs
+    assert filled, "pick a prompt whose last block is partly filled"
+    children = [list(table)] + [table[:-1] + [d.free.pop()] for _ in range(2)]
+    copies = [(table[-1], c[-1]) for c in children[1:]]
+    works = [SeqWork(10 + i, "f", i, [first[i]], pos, d.slots(children[i], pos, 1), children[i], 1, sp, 1)
+             for i in range(3)]
+    out = runner.execute(ScheduledBatch(2, bs, seqs=works, copies=copies))
+    assert set(out) == {10, 11, 12}
+    k0 = runner.k_pools[0].view(-1, bs, *runner.k_pools[0].shape[1:])
+    for src, dst in copies:
+        assert torch.equal(k0[dst, :filled], k0[src, :filled])
+
+
+def test_sampler_draws_depend_only_on_seed_index_position():
+    assert uniform(1, 0, 5) == uniform(1, 0, 5)
+    assert uniform(1, 0, 5) != uniform(1, 1, 5) != uniform(2, 0, 5)
+    logits = torch.randn(2, 50)
+    sp = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=4)
+    a = sample(logits, [Draw(0, sp, 4, 0, 3), Draw(1, sp, 4, 0, 3)])
+    b = sample(logits[[1, 0]], [Draw(1, sp, 4, 0, 3), Draw(0, sp, 4, 0, 3)])
+    assert a == b
+    top10 = set(logits[0].topk(10).indices.tolist())
+    for p in range(200):
+        assert sample(logits, [Draw(0, sp, 4, 0, p)])[0] in top10
+    greedy = sample(logits, [Draw(0, SamplingParams(), 0, 0, 0)])
+    assert greedy == [int(logits[0].argmax())]
+    # top_p small enough keeps only the most likely token
+    assert sample(logits, [Draw(0, SamplingParams(temperature=1.0, top_p=1e-6), 9, 0, 1)]) == greedy

@@ -1,0 +1,284 @@
+"""Scheduler + engine: continuous batching, preemption, watermark, chunking, forks, stops."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from pagedkv_core.config import EngineConfig
+from pagedkv_core.engine import Engine
+from pagedkv_core.kv_oracle import KVOracleSource
+from pagedkv_core.sampling import SamplingParams
+from pagedkv_core.scripted import ScriptedSource, scripted_token
+from pagedkv_core.sequence import SequenceStatus
+
+from .engine_helpers import add, expected_stream, make_engine, run_checked, streams
+
+
+class Recorder(KVOracleSource):
+    """The KV oracle, also keeping a copy of every batch and of bind's arguments."""
+
+    def __init__(self, inner=None):
+        super().__init__(inner)
+        self.batches = []
+        self.binds = []
+
+    def bind(self, num_slots, num_host_slots):
+        self.binds.append((num_slots, num_host_slots))
+        super().bind(num_slots, num_host_slots)
+
+    def execute(self, batch):
+        self.batches.append(copy.deepcopy(batch))
+        return super().execute(batch)
+
+
+def recorded_engine(inner=None, **config):
+    source = Recorder(inner)
+    engine = Engine(EngineConfig(**config), source)
+    source.attach(engine)
+    return engine, source
+
+
+def kinds(snaps, kind):
+    return [(s.step, e) for s in snaps for e in s.events if e.kind == kind]
+
+
+def test_bind_once_and_decode_work_covers_the_last_token():
+    engine, src = recorded_engine(block_size=4, pool_slots=64)
+    add(engine, "r", [5, 6, 7, 8, 9], output_len=3, max_tokens=8)
+    run_checked(engine)
+    assert src.binds == [(64, 64)]
+    prefill, decode = src.batches[0].seqs[0], src.batches[1].seqs[0]
+    assert prefill.token_ids == [5, 6, 7, 8, 9] and prefill.start_pos == 0 and prefill.num_samples == 1
+    assert prefill.is_prefill and prefill.output_len == 3
+    first = scripted_token("r", 0, 0)
+    assert decode.token_ids == [first] and decode.start_pos == 5 and decode.context_len == 6
+    assert decode.num_output_tokens == 1 and not decode.is_prefill
+    assert decode.slots == [decode.block_table[1] * 4 + 1]
+    assert engine.get_request("r").output_token_ids == [[scripted_token("r", 0, p) for p in range(3)]]
+
+
+def test_continuous_batching_admits_arrivals_while_others_decode():
+    engine = make_engine(block_size=4, pool_slots=256)
+    add(engine, "early", range(3, 11), output_len=10)
+    add(engine, "late", range(20, 26), output_len=3, arrival_step=4)
+    snaps = []
+    while engine.has_unfinished():
+        _, snap = engine.step()
+        snaps.append(snap)
+    assert "late" not in [e.request_id for s in snaps[:4] for e in s.events]  # invisible until step 4
+    assert snaps[4].metrics.num_running == 2  # joins the running batch at once
+    assert engine.get_request("late").finish_reason == "stop"
+    assert engine.get_request("early").finish_reason == "stop"
+
+
+def test_preemption_takes_the_most_recently_admitted_and_recompute_reprefills():
+    engine, src = recorded_engine(block_size=4, pool_slots=40, watermark=0.0)  # 10 blocks
+    for i in range(3):
+        add(engine, f"r{i}", range(10 * i + 3, 10 * i + 11), output_len=20, max_tokens=20)  # 8 tokens: 2 blocks
+    snaps = run_checked(engine)
+    pre = kinds(snaps, "preempt_recompute")
+    assert pre, "the pool is too small for three growing sequences"
+    assert pre[0][1].request_id == "r2"  # the youngest goes first
+    readmits = [(s, e) for s, e in kinds(snaps, "admit") if e.detail["recompute"]]
+    assert {e.request_id for _, e in readmits} == {e.request_id for _, e in pre}
+    for step, event in readmits:
+        # Re-prefilled with prompt + every output so far (minus what the prefix cache holds).
+        (work,) = [w for w in src.batches[step].seqs if w.seq_id == event.seq_id]
+        seq = engine.sequence(event.seq_id)
+        assert work.start_pos == event.detail["cached_tokens"]
+        assert work.num_output_tokens > 0 and work.num_samples == 1
+        assert work.context_len == 8 + work.num_output_tokens
+        assert work.token_ids == seq.token_ids[work.start_pos : work.context_len]
+    assert engine.summary().recomputes == len(pre)
+    assert streams(engine) == {f"r{i}": expected_stream(f"r{i}", 1, 20, 20) for i in range(3)}
+
+
+def test_recompute_hits_its_own_cached_blocks():
+    engine = make_engine(block_size=4, pool_slots=40, watermark=0.0)
+    for i in range(3):
+        add(engine, f"r{i}", range(10 * i + 3, 10 * i + 11), output_len=20, max_tokens=20)
+    snaps = run_checked(engine)
+    readmit_steps = {s for s, e in kinds(snaps, "admit") if e.detail["recompute"]}
+    hits = [e for s, e in kinds(snaps, "cache_hit") if s in readmit_steps]
+    assert hits and engine.summary().prefix_cache_hit_rate > 0
+
+
+def test_swap_mode_swaps_out_and_back_in():
+    engine, src = recorded_engine(block_size=4, pool_slots=40, watermark=0.0, preemption="swap", swap_slots=40)
+    for i in range(3):
+        add(engine, f"r{i}", range(10 * i + 3, 10 * i + 11), output_len=20, max_tokens=20)
+    snaps = run_checked(engine)
+    outs, ins = kinds(snaps, "preempt_swap"), kinds(snaps, "swap_in")
+    assert outs and len(outs) == len(ins) and not kinds(snaps, "preempt_recompute")
+    assert any(b.swap_out for b in src.batches) and any(b.swap_in for b in src.batches)
+    s = engine.summary()
+    assert s.swaps_out == s.swaps_in == s.preemptions == len(outs)
+    assert streams(engine) == {f"r{i}": expected_stream(f"r{i}", 1, 20, 20) for i in range(3)}
+
+
+def test_full_host_pool_falls_back_to_recompute_and_says_so():
+    engine = make_engine(block_size=4, pool_slots=40, watermark=0.0, preemption="swap", swap_slots=0)
+    for i in range(3):
+        add(engine, f"r{i}", range(10 * i + 3, 10 * i + 11), output_len=20, max_tokens=20)
+    snaps = run_checked(engine)
+    pre = kinds(snaps, "preempt_recompute")
+    assert pre and all(e.detail["reason"] == "host pool full" for _, e in pre)
+    assert engine.summary().swaps_out == 0
+
+
+def test_watermark_holds_back_admissions():
+    # 10 blocks, watermark 0.5 -> 5 held back. Each prompt takes 3 blocks.
+    engine = make_engine(block_size=4, pool_slots=40, watermark=0.5)
+    add(engine, "a", range(3, 13), output_len=2)
+    add(engine, "b", range(20, 30), output_len=2)
+    _, snap = engine.step()
+    assert snap.metrics.num_running == 1 and len(snap.waiting) == 1  # 10 - 3 - 3 < 5
+    run_checked(engine)
+    assert engine.get_request("b").finish_reason == "stop"
+
+
+def test_watermark_is_waived_when_nothing_runs():
+    engine = make_engine(block_size=4, pool_slots=40, watermark=0.9)
+    add(engine, "a", range(3, 30), output_len=2)  # 7 of 10 blocks > 10 - 9
+    run_checked(engine)
+    assert engine.get_request("a").finish_reason == "stop"
+
+
+def test_token_budget_chunks_a_long_prefill():
+    engine, src = recorded_engine(block_size=4, pool_slots=256, max_batch_tokens=16)
+    add(engine, "long", range(3, 53), output_len=3)  # 50 prompt tokens
+    add(engine, "short", range(60, 64), output_len=3, arrival_step=1)
+    run_checked(engine)
+    assert all(b.num_tokens <= 16 for b in src.batches)
+    chunks = [w for b in src.batches for w in b.seqs if w.request_id == "long" and w.num_samples == 0]
+    assert len(chunks) >= 3 and [c.start_pos for c in chunks][:2] == [0, 16]
+    assert engine.get_request("long").output_token_ids == [[scripted_token("long", 0, p) for p in range(3)]]
+
+
+def test_never_fitting_request_is_rejected_and_the_others_go_on():
+    engine = make_engine(block_size=4, pool_slots=32)
+    add(engine, "ok", range(3, 10), output_len=4)
+    add(engine, "too_long", range(3, 35), output_len=4)  # 32 + 1 > 32 slots
+    outputs, snap = engine.step()
+    rejected = [o for o in outputs if o.request_id == "too_long"][0]
+    assert rejected.finished and rejected.finish_reason == "rejected" and "32 tokens" in rejected.reject_reason
+    assert [e.request_id for e in snap.events if e.kind == "reject"] == ["too_long"]
+    run_checked(engine)
+    s = engine.summary()
+    assert s.finished == 1 and s.rejected == [{"id": "too_long", "reason": rejected.reject_reason}]
+
+
+@pytest.mark.parametrize(
+    "prompt, kw, fragment",
+    [
+        ([], {}, "empty prompt"),
+        ([3, -1], {}, "non-negative"),
+        ([3, 4.5], {}, "non-negative"),
+        ([3, 4], {"output_len": 0}, "output_len"),
+    ],
+)
+def test_invalid_requests_end_rejected_not_raised(prompt, kw, fragment):
+    engine = make_engine()
+    engine.add_request("bad", prompt, SamplingParams(), **kw)
+    outputs, _ = engine.step()
+    assert outputs[0].finish_reason == "rejected" and fragment in outputs[0].reject_reason
+    assert engine.get_request("bad").status == SequenceStatus.REJECTED
+    assert not engine.has_unfinished()
+
+
+def test_numpy_token_ids_are_accepted():
+    import numpy as np
+
+    engine = make_engine()
+    engine.add_request("np", np.array([5, 6, 7]), SamplingParams(max_tokens=2))
+    engine.run()
+    assert engine.get_request("np").finish_reason == "length"
+    assert all(type(t) is int for t in engine.get_request("np").prompt_token_ids)
+
+
+def test_duplicate_request_id_raises():
+    engine = make_engine()
+    engine.add_request("x", [3], SamplingParams())
+    with pytest.raises(ValueError, match="duplicate"):
+        engine.add_request("x", [3], SamplingParams())
+
+
+def test_parallel_samples_prefill_once_fork_and_copy_on_write():
+    engine, src = recorded_engine(block_size=4, pool_slots=128)
+    add(engine, "r", range(3, 9), output_len=5, max_tokens=8, n=3)  # 6 tokens: tail block half full
+    snaps = run_checked(engine)
+    first = src.batches[0].seqs
+    assert len(first) == 1 and first[0].num_samples == 3
+    forks = kinds(snaps, "fork")
+    assert len(forks) == 2 and all(s == 0 for s, _ in forks)
+    assert snaps[0].metrics.num_running == 1 and len(snaps[0].running) == 3
+    shared = snaps[0].block_ref[snaps[0].block_ref > 0]
+    assert sorted(shared.tolist()) == [3, 3]  # both prompt blocks are shared by all samples
+    cows = kinds(snaps, "cow")
+    assert len(cows) == 2 and all(s == 1 for s, _ in cows)  # the last holder keeps the tail
+    assert any(b.copies for b in src.batches)
+    assert streams(engine)["r"] == expected_stream("r", 3, 5, 8)
+
+
+class EosSource(ScriptedSource):
+    """Emits token 2 (its eos) at output position 2."""
+
+    eos_token_id = 2
+
+    def execute(self, batch):
+        out = super().execute(batch)
+        for w in batch.seqs:
+            if w.num_samples and w.num_output_tokens == 2:
+                out[w.seq_id] = [2] * w.num_samples
+        return out
+
+
+def test_stop_conditions_eos_stop_tokens_ignore_eos_and_length():
+    engine = Engine(EngineConfig(block_size=4, pool_slots=256, max_model_len=12), EosSource())
+    engine.add_request("eos", [3, 4], SamplingParams(max_tokens=10))
+    engine.add_request("ignore", [3, 4], SamplingParams(max_tokens=5, ignore_eos=True))
+    stop_tok = scripted_token("stop", 0, 1)
+    engine.add_request("stop", [3, 4], SamplingParams(max_tokens=10, stop_token_ids=(stop_tok,)))
+    engine.add_request("model_len", [3] * 8, SamplingParams(max_tokens=10, ignore_eos=True))
+    engine.run()
+    r = engine.requests
+    assert r["eos"].output_token_ids[0][-1] == 2 and r["eos"].finish_reason == "stop"
+    assert len(r["ignore"].output_token_ids[0]) == 5 and r["ignore"].finish_reason == "length"
+    assert r["stop"].output_token_ids[0] == [scripted_token("stop", 0, 0), stop_tok]
+    assert r["stop"].finish_reason == "stop"
+    assert len(r["model_len"].output_token_ids[0]) == 4 and r["model_len"].finish_reason == "length"
+
+
+def test_output_len_and_max_tokens_whichever_comes_first():
+    engine = make_engine()
+    add(engine, "short", [3, 4], output_len=3, max_tokens=10)
+    add(engine, "capped", [3, 4], output_len=30, max_tokens=4)
+    run_checked(engine)
+    assert streams(engine) == {
+        "short": expected_stream("short", 1, 3, 10),
+        "capped": expected_stream("capped", 1, 30, 4),
+    }
+    assert streams(engine)["short"][0] == "stop" and streams(engine)["capped"][0] == "length"
+
+
+def test_a_sequence_that_outgrows_the_whole_pool_finishes_with_length():
+    engine = make_engine(block_size=4, pool_slots=16)
+    add(engine, "big", [3] * 10, output_len=100, max_tokens=100)
+    snaps = run_checked(engine)
+    req = engine.get_request("big")
+    assert req.finish_reason == "length" and len(req.output_token_ids[0]) == 7  # 16 K/V slots + 1
+    fin = kinds(snaps, "finish")[0][1]
+    assert fin.detail["why"] == "kv pool exhausted"
+
+
+def test_step_outputs_carry_new_and_cumulative_tokens():
+    engine = make_engine()
+    add(engine, "r", [3, 4, 5], output_len=3)
+    seen = []
+    while engine.has_unfinished():
+        outputs, _ = engine.step()
+        (out,) = outputs
+        seen.append(out.outputs[0].new_token_ids[0])
+        assert out.outputs[0].token_ids == seen
+    assert out.finished and out.finish_reason == "stop" and out.outputs[0].finish_reason == "stop"

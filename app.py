@@ -8,6 +8,7 @@ st.set_page_config(page_title="pagedkv: see the KV cache", page_icon=":material/
 PAGES = [
     st.Page("pages/home.py", title="Home", icon=":material/home:", default=True),
     st.Page("pages/reserve_or_page.py", title="Reserve or page", icon=":material/view_module:", url_path="reserve-or-page"),
+    st.Page("pages/ops.py", title="Ops dashboard", icon=":material/monitoring:", url_path="ops"),
 ]
 
 page = st.navigation(PAGES)

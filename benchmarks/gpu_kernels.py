@@ -315,7 +315,7 @@ class Bench:
         x = kc[bt.long()].reshape(num_seqs, n * bs, hkv, d)[:, :ctx]
         return x.permute(0, 2, 1, 3).contiguous()
 
-    def _sdpa_fns(self, q, kd, vd):
+    def _sdpa_fns(self, q, kd, vd, forced_backends=True):
         torch = self.torch
         F = torch.nn.functional
         h, hkv = q.shape[1], kd.shape[1]
@@ -326,6 +326,8 @@ class Bench:
             fns["sdpa_gqa"] = lambda: F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True)
         except (TypeError, RuntimeError):
             pass
+        if not forced_backends and fns:
+            return fns
         try:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -374,10 +376,18 @@ class Bench:
                 t_paged = self.time_ms(paged)
                 t_checked = self.time_ms(checked, rep=30)
                 kd, vd = self._dense(kc, bt, s, c), self._dense(vc, bt, s, c)
-                fns = self._sdpa_fns(q, kd, vd)
+                # forcing each SDPA backend is only tried where a backend that expands the
+                # KV heads internally still fits in memory
+                fns = self._sdpa_fns(q, kd, vd, forced_backends=kv_bytes <= (4 << 30))
                 sdpa = {}
-                for name, fn in fns.items():
-                    sdpa[name] = self.time_ms(fn)
+                for name, fn in list(fns.items()):
+                    try:
+                        sdpa[name] = self.time_ms(fn)
+                    except torch.cuda.OutOfMemoryError:
+                        fns.pop(name)
+                        self.empty_cache()
+                if not sdpa:
+                    raise RuntimeError(f"no SDPA variant ran at {s} x {c}")
                 # outputs agree with the dense baseline
                 paged()
                 ref_out = next(iter(fns.values()))().squeeze(2)

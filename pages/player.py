@@ -30,13 +30,13 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False) -> None:
 
     c = st.columns([1, 1, 1.3, 1, 5])
     c[0].button("Reset", icon=":material/first_page:", key=f"{key}_reset", on_click=move, kwargs={"to": 0},
-                use_container_width=True)
+                width="stretch")
     c[1].button("Back", icon=":material/chevron_left:", key=f"{key}_back", on_click=move, kwargs={"delta": -1},
-                use_container_width=True)
+                width="stretch")
     c[2].button("Pause" if state["playing"] else "Play", icon=":material/pause:" if state["playing"] else ":material/play_arrow:",
-                key=f"{key}_play", on_click=toggle, type="primary", use_container_width=True)
+                key=f"{key}_play", on_click=toggle, type="primary", width="stretch")
     c[3].button("Step", icon=":material/chevron_right:", key=f"{key}_fwd", on_click=move, kwargs={"delta": 1},
-                use_container_width=True)
+                width="stretch")
 
 
 def is_playing(key: str) -> bool:

@@ -2,9 +2,8 @@
 import numpy as np
 import streamlit as st
 
-from pagedkv_core.config import ConfigError
 from pages import player
-from pages.runs import Run, current_workload, live_pair, scripted_run, settings_config, step_live, uploaded_trace
+from pages.runs import Run, current_runs, step_live
 from pages.viz import LEGEND, pool_heatmap, slot_hover_text, step_curves
 
 KEY = "rop"
@@ -16,22 +15,11 @@ st.markdown(
     "blocks as tokens arrive. Press **Play** and watch who gets to run."
 )
 
-trace = uploaded_trace()
-try:
-    if trace is not None:
-        runs = [trace]
-        st.info(f"Replaying {trace.label} ({len(trace.snapshots)} steps). Clear the upload in the sidebar to run the engine again.")
-    elif st.session_state.get("source") == "model":
-        runs = live_pair()
-    else:
-        workload = current_workload()
-        runs = [scripted_run(settings_config("contiguous"), workload, "contiguous"),
-                scripted_run(settings_config("paged"), workload, "paged")]
-except ConfigError as exc:
-    st.error(str(exc))
-    st.stop()
+runs = current_runs()
 if runs is None:
     st.stop()
+if runs[0].label.startswith("trace"):
+    st.info(f"Replaying {runs[0].label} ({len(runs[0].snapshots)} steps). Remove the upload in the sidebar to run the engine again.")
 
 live = any(r.engine is not None and not r.done for r in runs)
 num_steps = max(len(r.snapshots) for r in runs)
@@ -59,7 +47,7 @@ def side(run: Run, step: int) -> None:
     shared = snap.slot_state == 4
     fig = pool_heatmap(snap.slot_state, snap.slot_owner, text, max(snap.block_size, 1),
                        f"{snap.num_slots:,} KV slots at step {snap.step}", shared_mask=shared)
-    st.plotly_chart(fig, use_container_width=True, key=f"{KEY}_heat_{run.allocator}",
+    st.plotly_chart(fig, width="stretch", key=f"{KEY}_heat_{run.allocator}",
                     config={"displayModeBar": False})
     finished = m.num_finished
     st.caption(f"finished {finished} · rejected {m.num_rejected} · swapped {m.num_swapped}"
@@ -80,11 +68,11 @@ def show() -> None:
     st.caption(LEGEND)
     series = {}
     for run in runs:
-        ys = [s.metrics.token_utilization for s in run.snapshots]
+        ys = [s.metrics.token_utilization if s.metrics.allocated_slots else None for s in run.snapshots]
         series[f"{run.allocator} token utilization"] = ys
     fig = step_curves(range(n), series, "Token utilization over the run: filled slots / allocated slots",
                       "token utilization", current_step=step)
-    st.plotly_chart(fig, use_container_width=True, key=f"{KEY}_curves", config={"displayModeBar": False})
+    st.plotly_chart(fig, width="stretch", key=f"{KEY}_curves", config={"displayModeBar": False})
 
 
 show()

@@ -124,6 +124,24 @@ def uploaded_trace() -> Run | None:
     return run
 
 
+def current_runs() -> list[Run] | None:
+    """The runs a pool page shows for the sidebar settings: an uploaded trace; else the workload on
+    both allocators, scripted (finished, cached) or on the real model (live). Shows st.error and
+    returns None when the settings are invalid."""
+    trace = uploaded_trace()
+    if st.session_state.get("trace_upload") is not None:
+        return [trace] if trace is not None else None
+    try:
+        if st.session_state.get("source") == "model":
+            return live_pair()
+        workload = current_workload()
+        return [scripted_run(settings_config("contiguous"), workload, "contiguous"),
+                scripted_run(settings_config("paged"), workload, "paged")]
+    except ConfigError as exc:
+        st.error(str(exc))
+        return None
+
+
 def live_pair():  # the real-model side-by-side; filled in with the model runner
     st.info("The real-model source for this page is not available yet.")
     return None

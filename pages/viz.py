@@ -25,6 +25,17 @@ _STATIC = {SlotState.FREE: 0, SlotState.EMPTY: 1, SlotState.CACHED: 2, SlotState
 _STATIC_COLORS = [FREE_COLOR, EMPTY_COLOR, CACHED_COLOR, FRAGMENT_COLOR]
 NUM_CODES = len(_STATIC_COLORS) + len(REQUEST_COLORS)
 
+# One colour per allocator in every chart over the steps.
+ALLOCATOR_COLORS = {"contiguous": "#c2410c", "paged": "#1d4ed8", "swap": "#0f766e", "recompute": "#a21caf"}
+
+
+def series_color(name: str) -> str | None:
+    for key, color in ALLOCATOR_COLORS.items():
+        if name.startswith(key):
+            return color
+    return None
+
+
 LEGEND = (
     "grey = free · orange = allocated but holding nothing · colour = the request whose tokens fill it · "
     "● = shared block (ref count > 1) · pale blue = cached block nobody uses (reusable) · "
@@ -101,7 +112,8 @@ def step_curves(steps, series: dict[str, list], title: str, y_title: str, *, per
     """Several named curves over the engine steps, on one chart."""
     fig = go.Figure()
     for name, ys in series.items():
-        fig.add_trace(go.Scatter(x=list(steps), y=list(ys), mode="lines", name=name))
+        fig.add_trace(go.Scatter(x=list(steps), y=list(ys), mode="lines", name=name,
+                                 line=dict(color=series_color(name), width=2)))
     if current_step is not None:
         fig.add_vline(x=current_step, line_dash="dot", line_color="#555")
     fig.update_layout(title=dict(text=title, x=0.0, font=dict(size=15)), height=height,

@@ -107,7 +107,7 @@ def test_block_sizes_same_tokens(llm, prompt_ids, hf_tokens, block_size):
     assert snaps[-1].block_size == block_size
 
 
-PRESSURE = dict(pool_slots=128, watermark=0.0, swap_slots=2048)  # 8 blocks of 16 for five ~80-token sequences
+PRESSURE = dict(block_size=8, pool_slots=136, watermark=0.0, swap_slots=2048)  # 17 blocks of 8 for five ~70-token sequences
 
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])

@@ -2,6 +2,7 @@
 SmolLM2 on the CPU, compared with transformers."""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -24,7 +25,10 @@ GREEDY = SamplingParams(max_tokens=16)
 def loaded():
     from pagedkv_core.model.loader import load_model
 
-    return load_model(None, progress=lambda f, m: None)
+    before = torch.get_num_threads()  # one thread: see tests/test_llm.py
+    torch.set_num_threads(int(os.environ.get("PAGEDKV_TEST_THREADS", "1")))
+    yield load_model(None, progress=lambda f, m: None)
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -42,3 +42,50 @@ def loaded_model(model_path: str | None = None):
 
 def model_kv_shape(lm) -> KVShape:
     return KVShape.from_config(lm.config, name=lm.name)
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _base_runner(model_path: str):
+    from pagedkv_core.model.runner import ModelRunner
+
+    lm = _load_cached(model_path, _progress=lambda f, what: None)
+    return ModelRunner(lm, device="cpu")
+
+
+def real_engine(config):
+    """A fresh Engine on the real model with its own KV pool. Engines made here share one copy of
+    the weights (a shallow copy of a cached runner: ``bind`` gives each copy its own pools), so a
+    page can run several side by side. Returns None after st.error when the model cannot load."""
+    import copy
+
+    from pagedkv_core.engine import Engine
+
+    lm = loaded_model()
+    if lm is None:
+        return None
+    runner = copy.copy(_base_runner(st.session_state.get("model_path", "") or ""))
+    return Engine(config, runner)
+
+
+def tokenizer():
+    lm = loaded_model()
+    return None if lm is None else lm.tokenizer
+
+
+def chat_ids(text: str) -> list[int]:
+    """Token ids of ``text`` as one user turn of the model's chat template, with the generation prompt."""
+    enc = tokenizer().apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return [int(t) for t in (enc if isinstance(enc, list) else enc["input_ids"])]
+
+
+def token_text_lookup():
+    """A function token id -> readable text, cached per id (for hover labels)."""
+    tok = tokenizer()
+    cache: dict[int, str] = {}
+
+    def text(token_id: int) -> str:
+        if token_id not in cache:
+            cache[token_id] = tok.decode([token_id])
+        return cache[token_id]
+
+    return text

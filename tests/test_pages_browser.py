@@ -1,0 +1,50 @@
+"""Every page in a real browser: Streamlit in a subprocess, Debian Chromium through Playwright.
+Screenshots land in test-output/ for a person to look at."""
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.browser import chromium_page, running_app, wait_idle
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+OUT = Path(__file__).resolve().parents[1] / "test-output"
+POOL_PAGES = ["reserve-or-page", "ops"]
+
+
+def heatmap_titles(page) -> list[str]:
+    return [t for t in page.locator(".js-plotly-plot .gtitle").all_text_contents() if "KV slots at step" in t]
+
+
+def current_step(page) -> int:
+    titles = heatmap_titles(page)
+    assert titles, "no heatmap title on the page"
+    return int(re.search(r"at step (\d+)", titles[0]).group(1))
+
+
+def test_every_page_renders_and_play_advances_the_step():
+    OUT.mkdir(exist_ok=True)
+    with running_app() as url, chromium_page(1400, 1800) as page:
+        for path in POOL_PAGES:
+            page.goto(f"{url}/{path}")
+            wait_idle(page)
+            page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+            assert page.locator('[data-testid="stException"]').count() == 0, path
+            assert page.locator(".js-plotly-plot").count() >= 2, path
+            page.screenshot(path=str(OUT / f"{path}.png"), full_page=True)
+
+        page.goto(f"{url}/reserve-or-page")
+        wait_idle(page)
+        page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+        assert len(heatmap_titles(page)) == 2, "a heatmap per allocator"
+        before = current_step(page)
+        page.get_by_role("button", name=re.compile("Play")).click()
+        page.wait_for_function(
+            """(before) => [...document.querySelectorAll('.js-plotly-plot .gtitle')]
+                 .some(t => { const m = t.textContent.match(/at step (\\d+)/); return m && +m[1] >= before + 3; })""",
+            arg=before, timeout=30_000)
+        page.get_by_role("button", name=re.compile("Pause")).click()
+        wait_idle(page)
+        assert current_step(page) >= before + 3
+        page.screenshot(path=str(OUT / "reserve-or-page-playing.png"), full_page=True)

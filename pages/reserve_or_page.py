@@ -3,7 +3,7 @@ import numpy as np
 import streamlit as st
 
 from pages import player
-from pages.runs import Run, current_runs, step_live
+from pages.runs import REAL_MAX_TOKENS, Run, current_runs, live_texts, step_live
 from pages.viz import LEGEND, pool_heatmap, slot_hover_text, step_curves
 
 KEY = "rop"
@@ -73,6 +73,16 @@ def show() -> None:
     fig = step_curves(range(n), series, "Token utilization over the run: filled slots / allocated slots",
                       "token utilization", current_step=step)
     st.plotly_chart(fig, width="stretch", key=f"{KEY}_curves", config={"displayModeBar": False})
+    real = [r for r in runs if r.engine is not None]
+    if real:
+        st.markdown(f"**SmolLM2's answers so far** (greedy, so both allocators produce the same text; each "
+                    f"request may ask for up to {REAL_MAX_TOKENS} tokens, and that is what the contiguous side reserves)")
+        texts = {r.allocator: live_texts(r) for r in real}
+        paged = texts.get("paged") or next(iter(texts.values()))
+        contig = dict((rid, t) for rid, t, _ in texts.get("contiguous", []))
+        rows = [{"request": rid, "paged": text, "contiguous": contig.get(rid, ""), "status": why}
+                for rid, text, why in paged]
+        st.dataframe(rows, hide_index=True, width="stretch", height=300)
 
 
 show()

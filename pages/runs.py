@@ -142,10 +142,69 @@ def current_runs() -> list[Run] | None:
         return None
 
 
-def live_pair():  # the real-model side-by-side; filled in with the model runner
-    st.info("The real-model source for this page is not available yet.")
-    return None
+REAL_MAX_TOKENS = 256  # the longest answer a request may ask for: what a contiguous server must reserve
 
 
-def step_live(runs, step):
-    return None
+def live_pair() -> list[Run] | None:
+    """The 16 chat prompts on the real model, contiguous and paged side by side, stepped live by
+    the page (``step_live``). Kept in the session until the settings change."""
+    from pagedkv_core.prompts import CHAT_PROMPTS
+    from pagedkv_core.sampling import SamplingParams
+    from pages.common import chat_ids, real_engine, token_text_lookup
+
+    configs = [settings_config("contiguous"), settings_config("paged")]
+    key = ("live", tuple(configs), st.session_state.get("model_path", ""))
+    cached = st.session_state.get("_live_pair")
+    if cached and cached[0] == key:
+        return cached[1]
+    runs = []
+    for cfg in configs:
+        engine = real_engine(cfg)
+        if engine is None:
+            return None
+        for i, text in enumerate(CHAT_PROMPTS):
+            engine.add_request(f"chat{i:02d}", chat_ids(text), SamplingParams(max_tokens=REAL_MAX_TOKENS))
+        run = Run(cfg.allocator, cfg, request_ids=list(engine.requests), header=engine.trace_header(),
+                  engine=engine, token_text={})
+        run.token_text = _TokenText(token_text_lookup())
+        runs.append(run)
+    with st.spinner("Prefilling 16 chat prompts on SmolLM2…"):
+        step_live(runs, 0)
+    st.session_state["_live_pair"] = (key, runs)
+    return runs
+
+
+class _TokenText(dict):
+    """Truthy token-id -> text mapping for hover labels (decoded lazily)."""
+
+    def __init__(self, lookup):
+        super().__init__(ready=True)
+        self._lookup = lookup
+
+    def get(self, token_id, default=None):
+        return self._lookup(int(token_id))
+
+
+def step_live(runs: list[Run], shown_step: int) -> None:
+    """Advance every unfinished live run until it has a snapshot past ``shown_step``."""
+    for run in runs:
+        if run.engine is None or run.done:
+            continue
+        if len(run.snapshots) <= shown_step + 1:
+            run.snapshots.append(run.engine.step()[1])
+            if not run.engine.has_unfinished():
+                run.done = True
+                run.header = {**run.engine.trace_header(), "summary": run.engine.summary().to_json()}
+
+
+def live_texts(run: Run) -> list[tuple[str, str, str]]:
+    """(request id, text so far, finish reason) of a live real-model run."""
+    from pages.common import tokenizer
+
+    tok = tokenizer()
+    out = []
+    for rid in run.request_ids:
+        req = run.engine.get_request(rid)
+        ids = req.output_token_ids[0] if req.output_token_ids else []
+        out.append((rid, tok.decode(ids, skip_special_tokens=True), req.finish_reason or "running"))
+    return out

@@ -128,7 +128,7 @@ def test_logits_match_transformers(loaded, runner, prompts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("block_size", [1, 12, 16, 64])
 def test_greedy_matches_transformers_mixed_steps(runner, prompts, hf_reference, block_size):
     num_blocks = -(-(max(map(len, prompts)) + GREEDY.max_tokens) // block_size) * len(prompts) + 2
     d = Driver(runner, block_size, num_blocks, seed=block_size)

@@ -65,6 +65,9 @@ class AttentionMetadata:
     # decode
     decode_block_tables: torch.Tensor | None = None  # int32 [S, max_blocks]
     decode_context_lens: torch.Tensor | None = None  # int32 [S]
+    # block size the decode tables are in: the batch's, or 1 (slot-level tables) when the
+    # batch's block size is not a power of two, which the attention kernels require
+    decode_block_size: int = 0
 
     @property
     def num_decode_tokens(self) -> int:
@@ -233,6 +236,9 @@ class LlamaModel:
             if P:
                 attn[:P] = self._prefill_attention(q[:P], k[:P], v[:P], k_flat, v_flat, meta)
             if T > P:
+                dbs = meta.decode_block_size or bs
+                if dbs != bs:
+                    k_cache, v_cache = k_flat.view(-1, dbs, Hkv, D), v_flat.view(-1, dbs, Hkv, D)
                 kernels.paged_attention_decode(
                     q[P:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                     self.scale, attn[P:],

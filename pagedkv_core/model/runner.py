@@ -255,6 +255,10 @@ class ModelRunner:
             table = np.zeros((len(decode), int(nblk.max())), dtype=np.int32)
             for i, s in enumerate(decode):
                 table[i, : nblk[i]] = s.block_table[: nblk[i]]
+            if bs & (bs - 1):  # not a power of two: hand the kernel slot-level tables (block size 1)
+                kp = np.arange(int(ctx.max()))
+                table = np.where(kp[None, :] < ctx[:, None], table[:, kp // bs] * bs + kp % bs, 0).astype(np.int32)
+                meta.decode_block_size = 1
             meta.decode_block_tables = to_dev(table)
             meta.decode_context_lens = to_dev(ctx)
         if not sample_rows:

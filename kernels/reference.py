@@ -103,10 +103,13 @@ def paged_attention_decode(
 
     # One gather per pool straight into a head-major, contiguous [Hkv, S, T, D] (the batch
     # order of the matmuls does not matter, so q is permuted instead of K/V).
+    # (Gather along the pool's leading, contiguous dim and permute the small result: an
+    # index_select along dim 1 of the transposed pool copied the whole pool every call, so a
+    # decode step cost O(pool size) instead of O(context).)
     def gather(cache: torch.Tensor) -> torch.Tensor:
-        flat = cache.view(num_blocks * block_size, num_kv_heads, head_dim).transpose(0, 1)
-        x = flat.index_select(1, slots).view(num_kv_heads, num_seqs, max_ctx, head_dim)
-        return x if x.dtype == torch.float32 else x.float()
+        flat = cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+        x = flat.index_select(0, slots).view(num_seqs, max_ctx, num_kv_heads, head_dim)
+        return x.permute(2, 0, 1, 3).to(dtype=torch.float32, memory_format=torch.contiguous_format)
 
     k = gather(k_cache)
     v = gather(v_cache)

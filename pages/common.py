@@ -49,7 +49,7 @@ def _base_runner(model_path: str):
     from pagedkv_core.model.runner import ModelRunner
 
     lm = _load_cached(model_path, _progress=lambda f, what: None)
-    return ModelRunner(lm, device="cpu")
+    return ModelRunner(lm, device="auto")  # the GPU when there is one (bf16, Triton kernels), else the CPU
 
 
 def real_engine(config):

@@ -1,0 +1,236 @@
+"""Figures of the teaching pages (block tables, timelines, sweeps, bars). Pure functions from
+recorded numbers to Plotly figures; the pool heatmap itself is :func:`pages.viz.pool_heatmap`."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+
+from pagedkv_core.sequence import SequenceStatus
+from pages.viz import REQUEST_COLORS
+
+FONT = dict(size=13)
+REF_COLORS = ["#9ecae1", "#fdae6b", "#e6550d", "#a63603", "#7f2704", "#4a1402"]  # ref 1, 2, 3, 4, 5, 6+
+
+
+def _layout(fig: go.Figure, title: str, height: int, *, legend: bool = False, margin=None) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.0, font=dict(size=15)), height=height, font=FONT,
+        margin=margin or dict(l=60, r=20, t=50, b=50), plot_bgcolor="white", showlegend=legend,
+        legend=dict(orientation="h", y=-0.22, x=0),
+    )
+    return fig
+
+
+def short_text(text: str, limit: int = 60) -> str:
+    text = text.replace("\n", "⏎")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------------------- one block table
+def block_table_arrows(table: list[int], fills: list[int], block_size: int, title: str,
+                       block_texts: list[str] | None = None, refs: list[int] | None = None) -> go.Figure:
+    """Logical blocks (left, in order) -> physical blocks (right, sorted by id), one arrow each.
+    Each box says how many of its ``block_size`` slots hold a token; the last one is highlighted."""
+    n = len(table)
+    fig = go.Figure()
+    if n == 0:
+        fig.add_annotation(text="no blocks yet", x=0.5, y=0.5, showarrow=False, font=dict(size=14))
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        return _layout(fig, title, 200)
+    phys_sorted = sorted(set(table))
+    rank = {b: i for i, b in enumerate(phys_sorted)}
+    rows = max(n, len(phys_sorted))
+    scale = (rows - 1) / max(n - 1, 1) if n > 1 else 0
+    pscale = (rows - 1) / max(len(phys_sorted) - 1, 1) if len(phys_sorted) > 1 else 0
+    ly = [i * scale for i in range(n)]
+    py = {b: rank[b] * pscale for b in phys_sorted}
+    texts = block_texts or [""] * n
+    refs = refs or [1] * n
+    for j, b in enumerate(table):
+        fig.add_annotation(x=0.78, y=py[b], ax=0.22, ay=ly[j], xref="x", yref="y", axref="x", ayref="y",
+                           showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6,
+                           arrowcolor="#e6550d" if refs[j] > 1 else "#4b5563", text="")
+    lab = [f"logical {j}: {fills[j]}/{block_size}" for j in range(n)]
+    colors = ["#fde68a" if j == n - 1 else "#dbeafe" for j in range(n)]
+    fig.add_trace(go.Scatter(
+        x=[0.1] * n, y=ly, mode="markers+text", text=lab, textposition="middle center",
+        marker=dict(symbol="square", size=1, color=colors), textfont=dict(size=12),
+        hovertext=[f"logical block {j} → physical block {table[j]}<br>{fills[j]} of {block_size} slots hold a token"
+                   + (f"<br>ref count {refs[j]} (shared)" if refs[j] > 1 else "")
+                   + (f"<br>tokens: {texts[j]}" if texts[j] else "") for j in range(n)],
+        hoverinfo="text", showlegend=False))
+    for j in range(n):
+        fig.add_shape(type="rect", x0=-0.02, x1=0.22, y0=ly[j] - 0.38, y1=ly[j] + 0.38, line=dict(color="#1e3a8a", width=1),
+                      fillcolor=colors[j], layer="below")
+    plab = [f"physical {b}" for b in phys_sorted]
+    fig.add_trace(go.Scatter(x=[0.9] * len(phys_sorted), y=[py[b] for b in phys_sorted], mode="text", text=plab,
+                             textposition="middle center", textfont=dict(size=12), hoverinfo="skip", showlegend=False))
+    for b in phys_sorted:
+        shared = refs[table.index(b)] > 1
+        fig.add_shape(type="rect", x0=0.78, x1=1.02, y0=py[b] - 0.38, y1=py[b] + 0.38,
+                      line=dict(color="#e6550d" if shared else "#374151", width=1),
+                      fillcolor="#fed7aa" if shared else "#f3f4f6", layer="below")
+    fig.add_annotation(x=0.1, y=-1.0, text="<b>block table (logical order)</b>", showarrow=False, font=dict(size=12))
+    fig.add_annotation(x=0.9, y=-1.0, text="<b>KV pool (physical blocks)</b>", showarrow=False, font=dict(size=12))
+    fig.update_xaxes(visible=False, range=[-0.05, 1.05])
+    fig.update_yaxes(visible=False, autorange=False, range=[rows - 0.4, -1.6])
+    return _layout(fig, title, max(220, 60 + 34 * (rows + 1)), margin=dict(l=10, r=10, t=50, b=10))
+
+
+# ---------------------------------------------------------------------------- every live table
+def block_tables_grid(rows: list[tuple[str, list[int]]], block_ref, block_fill, block_size: int, title: str,
+                      hover_extra=None) -> go.Figure:
+    """One row per live sequence, one cell per logical block: the physical block id, coloured by
+    its ref count (pale blue = private, orange to brown = shared by 2, 3, ... sequences)."""
+    width = max((len(t) for _, t in rows), default=0)
+    fig = go.Figure()
+    if not rows or width == 0:
+        fig.add_annotation(text="no sequence holds blocks at this step", x=0.5, y=0.5, showarrow=False,
+                           xref="paper", yref="paper", font=dict(size=14))
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        return _layout(fig, title, 180)
+    z = np.full((len(rows), width), np.nan)
+    text = np.full((len(rows), width), "", dtype=object)
+    hover = np.full((len(rows), width), "", dtype=object)
+    for r, (label, table) in enumerate(rows):
+        for j, b in enumerate(table):
+            ref = int(block_ref[b])
+            z[r, j] = min(ref, len(REF_COLORS))
+            text[r, j] = str(b)
+            extra = hover_extra(b) if hover_extra else ""
+            hover[r, j] = (f"{label}: logical block {j} → physical block {b}<br>ref count {ref} · "
+                           f"{int(block_fill[b])}/{block_size} slots filled" + (f"<br>{extra}" if extra else ""))
+    n = len(REF_COLORS)
+    scale = []
+    for i, c in enumerate(REF_COLORS):
+        scale += [[i / n, c], [(i + 1) / n, c]]
+    fig.add_trace(go.Heatmap(
+        z=z, zmin=0.5, zmax=n + 0.5, colorscale=scale, text=text, texttemplate="%{text}",
+        textfont=dict(size=10 if width > 32 else 12), hovertext=hover, hoverinfo="text", xgap=2, ygap=3,
+        showscale=False,
+    ))
+    present = sorted({int(v) for v in z[~np.isnan(z)]})
+    for v in present:  # a legend entry per ref count on screen
+        name = "ref count 1 (private)" if v == 1 else (f"ref count {v} (shared)" if v < n else f"ref count {n}+")
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker=dict(symbol="square", size=12, color=REF_COLORS[v - 1])))
+    fig.update_xaxes(title_text="logical block (position in the block table) · the number in a cell is the physical block",
+                     showgrid=False, zeroline=False, dtick=1 if width <= 24 else 4, range=[-0.5, width - 0.5])
+    fig.update_yaxes(tickvals=list(range(len(rows))), ticktext=[lab for lab, _ in rows], autorange="reversed",
+                     showgrid=False, zeroline=False)
+    fig = _layout(fig, title, 190 + 36 * len(rows), legend=True, margin=dict(l=120, r=20, t=50, b=50))
+    fig.update_layout(legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
+    return fig
+
+
+# ---------------------------------------------------------------------------- bars
+def split_bars(labels: list[str], parts: dict[str, list[float]], colors: dict[str, str], title: str, x_title: str,
+               *, height: int | None = None) -> go.Figure:
+    """Horizontal stacked bars, one per label (e.g. prefill tokens computed vs taken from the cache)."""
+    fig = go.Figure()
+    for name, values in parts.items():
+        fig.add_trace(go.Bar(y=labels, x=values, name=name, orientation="h", marker_color=colors.get(name),
+                             text=[f"{v:,.0f}" if v else "" for v in values], textposition="inside",
+                             insidetextanchor="middle"))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text=x_title, rangemode="tozero")
+    fig.update_yaxes(autorange="reversed")
+    fig = _layout(fig, title, height or 170 + 40 * len(labels), legend=True, margin=dict(l=90, r=20, t=80, b=50))
+    fig.update_layout(legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0, xanchor="left"))
+    return fig
+
+
+def value_bars(labels: list[str], values: list[float], title: str, x_title: str, fmt, *, color="#1d4ed8",
+               colors: list[str] | None = None, height: int | None = None) -> go.Figure:
+    fig = go.Figure(go.Bar(y=labels, x=values, orientation="h", marker_color=colors or color,
+                           text=[fmt(v) for v in values], textposition="outside", cliponaxis=False))
+    top = max(values) if values else 1
+    fig.update_xaxes(title_text=x_title, range=[0, top * 1.25 if top > 0 else 1])
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, title, height or 170 + 40 * len(labels), margin=dict(l=90, r=30, t=80, b=50))
+
+
+# ---------------------------------------------------------------------------- timelines
+STATUS_STYLE = {
+    # status -> (label, colour)
+    int(SequenceStatus.WAITING): ("waiting", "#d1d5db"),
+    int(SequenceStatus.RUNNING): ("running", "#2563eb"),
+    int(SequenceStatus.SWAPPED): ("swapped out to host", "#0f766e"),
+    int(SequenceStatus.PREEMPTED): ("preempted, waits to recompute", "#c026d3"),
+}
+
+
+def status_timeline(request_ids: list[str], labels: list[str], snapshots, title: str, *, current_step=None,
+                    preemptions=()) -> go.Figure:
+    """Per request (rows) and step (columns): waiting, running, swapped or preempted; finished is blank.
+    ``preemptions``: (step, request id) pairs, drawn as ✕."""
+    steps = len(snapshots)
+    n = len(request_ids)
+    codes = np.full((n, steps), np.nan)
+    for s, snap in enumerate(snapshots):
+        for i in range(len(snap.seq_id)):
+            r = int(snap.seq_request[i])
+            if 0 <= r < n:
+                st_code = int(snap.seq_status[i])
+                prev = codes[r, s]
+                # a request with several samples: show its most advanced state
+                order = [int(SequenceStatus.RUNNING), int(SequenceStatus.SWAPPED), int(SequenceStatus.PREEMPTED),
+                         int(SequenceStatus.WAITING)]
+                if np.isnan(prev) or order.index(st_code) < order.index(int(prev)):
+                    codes[r, s] = st_code
+    fig = go.Figure()
+    keys = list(STATUS_STYLE)
+    scale = []
+    for i, k in enumerate(keys):
+        scale += [[i / len(keys), STATUS_STYLE[k][1]], [(i + 1) / len(keys), STATUS_STYLE[k][1]]]
+    z = np.vectorize(lambda c: np.nan if np.isnan(c) else keys.index(int(c)))(codes) if codes.size else codes
+    hover = np.empty((n, steps), dtype=object)
+    for r in range(n):
+        for s in range(steps):
+            c = codes[r, s]
+            hover[r, s] = f"{labels[r]} at step {s}: " + ("finished or not arrived" if np.isnan(c) else STATUS_STYLE[int(c)][0])
+    fig.add_trace(go.Heatmap(z=z, zmin=-0.5, zmax=len(keys) - 0.5, colorscale=scale, showscale=False, xgap=1, ygap=4,
+                             hovertext=hover, hoverinfo="text"))
+    for k in keys:  # legend entries
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=STATUS_STYLE[k][0],
+                                 marker=dict(symbol="square", size=12, color=STATUS_STYLE[k][1])))
+    if preemptions:
+        xs = [s for s, _ in preemptions]
+        ys = [request_ids.index(rid) for _, rid in preemptions]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="preempted here",
+                                 marker=dict(symbol="x", size=13, color="#111827", line=dict(width=1, color="white"))))
+    if current_step is not None:
+        fig.add_vline(x=current_step, line_dash="dot", line_color="#111827")
+    fig.update_xaxes(title_text="engine step", showgrid=False, zeroline=False, range=[-0.5, steps - 0.5])
+    fig.update_yaxes(tickvals=list(range(n)), ticktext=labels, autorange="reversed", showgrid=False, zeroline=False)
+    return _layout(fig, title, 150 + 30 * n, legend=True, margin=dict(l=70, r=20, t=50, b=90))
+
+
+def lines(x, series: dict[str, list], title: str, x_title: str, y_title: str, *, colors: dict | None = None,
+          percent: bool = False, hline: tuple[float, str] | None = None, current_x=None, height: int = 300,
+          log_x: bool = False, x_ticks=None, dash: dict | None = None, markers: bool = True) -> go.Figure:
+    fig = go.Figure()
+    xs = [math.log2(v) for v in x] if log_x else list(x)
+    for name, ys in series.items():
+        fig.add_trace(go.Scatter(x=xs, y=list(ys), name=name, mode="lines+markers" if markers else "lines",
+                                 line=dict(color=(colors or {}).get(name), width=2, dash=(dash or {}).get(name)),
+                                 marker=dict(size=7)))
+    if hline is not None:
+        fig.add_hline(y=hline[0], line_dash="dash", line_color="#6b7280", annotation_text=hline[1],
+                      annotation_position="top left", annotation_font=dict(size=12, color="#374151"))
+    if current_x is not None:
+        fig.add_vline(x=math.log2(current_x) if log_x else current_x, line_dash="dot", line_color="#111827")
+    fig.update_xaxes(title_text=x_title)
+    if log_x:  # powers of two, evenly spaced, labelled with their values
+        ticks = list(x_ticks or x)
+        fig.update_xaxes(tickvals=[math.log2(v) for v in ticks], ticktext=[str(v) for v in ticks])
+    fig.update_yaxes(title_text=y_title, rangemode="tozero", tickformat=".0%" if percent else None)
+    return _layout(fig, title, height, legend=len(series) > 1, margin=dict(l=65, r=20, t=50, b=60 if len(series) <= 1 else 90))
+
+
+def request_color(index: int) -> str:
+    return REQUEST_COLORS[index % len(REQUEST_COLORS)]

@@ -159,7 +159,7 @@ def lesson(step: int, focus: str) -> None:
         comp = [rec.prefill_tokens(r)[0] for r in arrived]
         skip = [rec.prefill_tokens(r)[1] for r in arrived]
         with left:
-            fig = split_bars(arrived, {"computed (forward pass)": comp, "skipped (prefix-cache hit)": skip},
+            fig = split_bars([f"{r}: {c} computed" for r, c in zip(arrived, comp)], {"computed (forward pass)": comp, "skipped (prefix-cache hit)": skip},
                              {"computed (forward pass)": "#1d4ed8", "skipped (prefix-cache hit)": "#93c5fd"},
                              "Prompt tokens at admission: computed vs skipped", "prompt tokens")
             st.plotly_chart(fig, width="stretch", key=f"{KEY}_prefill", config={"displayModeBar": False})

@@ -49,9 +49,19 @@ def side(run: Run, step: int) -> None:
                        f"{snap.num_slots:,} KV slots at step {snap.step}", shared_mask=shared)
     st.plotly_chart(fig, width="stretch", key=f"{KEY}_heat_{run.allocator}",
                     config={"displayModeBar": False})
-    finished = m.num_finished
-    st.caption(f"finished {finished} · rejected {m.num_rejected} · swapped {m.num_swapped}"
+    st.caption(f"waiting queue: {queue_text(snap, run.request_ids)} · finished {m.num_finished} · "
+               f"rejected {m.num_rejected} · swapped {m.num_swapped}"
                + (f" · fragmented slots {m.fragmented_slots}" if run.allocator == "contiguous" else ""))
+
+
+def queue_text(snap, request_ids, shown: int = 6) -> str:
+    """The head of the waiting queue, in FCFS order, by request id."""
+    if not snap.waiting:
+        return "empty"
+    by_seq = dict(zip(snap.seq_id.tolist(), snap.seq_request.tolist()))
+    names = [request_ids[by_seq[s]] if by_seq.get(s, -1) in range(len(request_ids)) else str(s) for s in snap.waiting]
+    more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 @st.fragment(run_every=player.interval(KEY))

@@ -127,3 +127,22 @@ def test_bad_uploaded_trace_shows_st_error():
     uploader(at, "trace_upload").set_value(("bad.jsonl", b'{"hello": 1}\n', "application/jsonl")).run()
     assert not at.exception
     assert any("Cannot replay bad.jsonl" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_reserve_or_page_guide_walks_through_fixed_steps():
+    at = open_page("pages/reserve_or_page.py", block_size="64", workload="burst")  # the guide ignores these
+    at.toggle(key="rop_guide").set_value(True).run()
+    assert not at.exception
+    seen = []
+    while True:
+        spec = figure(at, "rop_heat_paged")
+        seen.append(int(spec["layout"]["title"]["text"].split("at step ")[1]))
+        assert at.info and at.info[0].value  # the narration
+        nxt = at.button(key="rop_guide_next")
+        if nxt.disabled:
+            break
+        nxt.click().run()
+        assert not at.exception
+    assert len(seen) >= 6 and seen[0] == 0 and seen == sorted(seen)
+    _, snaps = engine_run("paged")
+    assert seen[-1] == len(snaps) - 1  # the last step is where the paged run really ends

@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import resource
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -75,24 +76,41 @@ def useful_tokens(ids: list[int], eos: int | None) -> list[int]:
     return ids
 
 
-def machine() -> dict:
-    import torch
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
+
+def machine() -> dict:
+    """The machine a result was measured on. torch figures only when this process uses torch."""
+    torch = sys.modules.get("torch")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
+        "arch": platform.machine(),
         "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
+        "load_average_1min": round(load, 2) if load is not None else None,
+        "platform": platform.platform(),
+        "torch": torch.__version__ if torch else None,
+        "torch_threads": torch.get_num_threads() if torch else None,
         "python": platform.python_version(),
         "peak_rss_process_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
 
-def write_result(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write_result(name: str, payload: dict, out_dir: Path | None = None) -> Path:
+    """Write ``out_dir/NAME.json`` (default ``benchmarks/results``) with the date and machine."""
+    out_dir = Path(out_dir) if out_dir is not None else RESULTS
+    out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "machine": machine(), **payload}
-    path = RESULTS / f"{name}.json"
+    path = out_dir / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
 

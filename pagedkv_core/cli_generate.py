@@ -47,7 +47,10 @@ def register(subparsers) -> None:
     m.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
     m.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
     m.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
-    m.add_argument("--kv-budget", default=None, metavar="BYTES", help="size the pool from a memory budget, e.g. 64MiB (instead of --pool-slots)")
+    m.add_argument("--pool-blocks", type=int, default=None, metavar="N", help="pool size in blocks (instead of --pool-slots)")
+    m.add_argument("--kv-budget", default=None, metavar="BYTES",
+                   help="size the pool from a memory budget, e.g. 64MiB (instead of --pool-slots); "
+                        "default: 2048 slots on the CPU, a profiled 90%% of the GPU on CUDA")
     p.add_argument("--trace-out", metavar="PATH", help="write every step's snapshot as JSON lines")
     p.add_argument("--json", action="store_true", help="print one JSON object: outputs and summary")
     p.set_defaults(func=cmd_generate)
@@ -124,11 +127,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config_from_args(args, pool_slots=args.pool_slots or 2048, seed=args.seed or 0)  # fail before loading the model
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    given = [f for f, v in (("--pool-slots", args.pool_slots), ("--pool-blocks", args.pool_blocks),
+                            ("--kv-budget", args.kv_budget)) if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give the pool size one way only, got {' and '.join(given)}")
     sizing = {}
     if args.kv_budget is not None:
-        if args.pool_slots is not None:
-            raise ConfigError("give either --pool-slots or --kv-budget, not both")
         sizing["kv_budget_bytes"] = parse_bytes(args.kv_budget)
+    elif args.pool_blocks is not None:
+        if args.pool_blocks < 1:
+            raise ConfigError(f"--pool-blocks must be >= 1, got {args.pool_blocks}")
+        sizing["pool_blocks"] = args.pool_blocks
     elif args.pool_slots is not None:
         sizing["pool_slots"] = args.pool_slots
     from .llm import LLM

@@ -34,7 +34,7 @@ from .sampling import SamplingParams
 DEFAULT_CPU_SLOTS = 2048
 MAX_DEFAULT_SLOTS = 1 << 18  # a profiled default pool stops here (snapshots copy per-slot arrays)
 DEFAULT_MEMORY_FRACTION = 0.9
-HOST_SWAP_BUDGET = 4 << 30  # default host pool for swapped-out blocks: at most this many bytes
+HOST_SWAP_BUDGET = 1 << 30  # default host pool for swapped-out blocks: at most this many bytes
 ENGINE_SETTINGS = ("block_size", "watermark", "preemption", "swap_slots", "prefix_caching",
                    "max_batch_tokens", "allocator", "max_model_len", "seed")
 
@@ -117,7 +117,9 @@ class LLM:
     ``kv_budget_bytes`` | ``memory_fraction`` (see the module docstring). Everything else in
     ``engine_settings`` goes to :class:`~pagedkv_core.config.EngineConfig` (block_size, watermark,
     preemption, swap_slots, prefix_caching, max_batch_tokens, allocator, max_model_len, seed).
-    ``loaded``: an already loaded model to reuse (skips loading). Raises ConfigError (one line)
+    ``loaded``: an already loaded model to reuse (skips loading); ``runner``: an existing
+    :class:`~pagedkv_core.model.runner.ModelRunner` to share (its device, dtype and weights; each
+    engine re-binds its pool, so only the latest engine on a runner may step). Raises ConfigError (one line)
     for bad settings and ModelLoadError for a model that cannot be loaded.
     """
 
@@ -133,6 +135,7 @@ class LLM:
         kv_budget_bytes: int | None = None,
         memory_fraction: float | None = None,
         loaded=None,
+        runner=None,
         progress: Callable[[float, str], None] | None = None,
         **engine_settings,
     ):
@@ -143,11 +146,12 @@ class LLM:
         if unknown:
             raise ConfigError(f"unknown engine setting(s): {', '.join(sorted(unknown))}")
         try:
-            self.runner = None
+            if runner is not None:  # share a runner (its weights) with another LLM or a page
+                loaded = runner.loaded
             loaded = loaded if loaded is not None else load_model(model, progress=progress)
             self.loaded = loaded
             self.tokenizer = loaded.tokenizer
-            self.runner = ModelRunner(loaded, device=device, dtype=dtype, threads=threads)
+            self.runner = runner if runner is not None else ModelRunner(loaded, device=device, dtype=dtype, threads=threads)
         except ValueError as exc:
             if isinstance(exc, ConfigError):
                 raise
@@ -348,7 +352,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run ``prompts`` (strings, token-id lists, or one of either) to completion and return
         one :class:`RequestOutput` per prompt, in order. ``chat`` wraps text prompts in the chat
-        template. ``on_step(request_outputs, snapshot)`` sees every step. Prompts that cannot run
+        template. ``on_step(request_outputs, snapshot)`` sees every step (an output's ``text`` is
+        filled in once its request finishes; :meth:`stream` gives partial text). Prompts that cannot run
         (too long for the model or the pool) come back with ``reject_reason`` set, the others run."""
         final: dict[str, RequestOutput] = {}
         order: list[str] = []

@@ -29,6 +29,21 @@ longest possible answer for each request in one contiguous piece.
 """
 )
 
+st.header("Lessons, in teaching order")
+st.markdown("Each lesson runs on the real engine and has a **Guide mode**: a fixed, seeded walkthrough with "
+            "Next / Previous, so a workshop sees the same thing on every screen.")
+for path, label, what in (
+    ("pages/reserve_or_page.py", "1. Reserve or page", "contiguous reservations beside paged blocks, same requests, same memory"),
+    ("pages/live_engine.py", "2. Live engine", "submit prompts, watch SmolLM2's text stream while its blocks fill the pool"),
+    ("pages/prefix_sharing.py", "3. Prefix sharing and copy-on-write", "a shared system prompt computed once; forked samples"),
+    ("pages/under_pressure.py", "4. Under pressure: swap or recompute", "a load spike on a small pool, preempted two ways"),
+    ("pages/block_size.py", "5. Block size and pool sizing", "a block-size sweep and a pool calculator"),
+    ("pages/ops.py", "6. Ops dashboard", "the signals an operator watches"),
+):
+    c = st.columns([2, 5])
+    c[0].page_link(path, label=label)
+    c[1].caption(what)
+
 st.header("The KV-cache arithmetic of the loaded model")
 lm = loaded_model()
 if lm is not None:

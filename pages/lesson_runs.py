@@ -181,6 +181,19 @@ class Recording:
             total += max(0, computed - int(e.detail.get("cached_tokens", 0)))
         return total
 
+    def preempted_tokens(self) -> int:
+        """Tokens whose K/V the preempted sequences had in the pool when they were evicted."""
+        total = 0
+        for step, e in self.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE):
+            if step == 0:
+                continue
+            before = self.snapshots[step - 1]
+            try:
+                total += int(before.seq_num_computed[before.seq_index(e.seq_id)])
+            except KeyError:
+                pass
+        return total
+
     def preemptions(self) -> list[dict]:
         """Every preemption, with the running sequences it was chosen from (the snapshot before)."""
         rows = []

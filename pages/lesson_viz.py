@@ -32,7 +32,7 @@ def short_text(text: str, limit: int = 60) -> str:
 def block_table_arrows(table: list[int], fills: list[int], block_size: int, title: str,
                        block_texts: list[str] | None = None, refs: list[int] | None = None) -> go.Figure:
     """Logical blocks (left, in order) -> physical blocks (right, sorted by id), one arrow each.
-    Each box says how many of its ``block_size`` slots hold a token; the last one is highlighted."""
+    Each logical box says how many of its ``block_size`` slots hold a token; the last one is yellow."""
     n = len(table)
     fig = go.Figure()
     if n == 0:
@@ -41,43 +41,41 @@ def block_table_arrows(table: list[int], fills: list[int], block_size: int, titl
         fig.update_yaxes(visible=False)
         return _layout(fig, title, 200)
     phys_sorted = sorted(set(table))
-    rank = {b: i for i, b in enumerate(phys_sorted)}
     rows = max(n, len(phys_sorted))
-    scale = (rows - 1) / max(n - 1, 1) if n > 1 else 0
-    pscale = (rows - 1) / max(len(phys_sorted) - 1, 1) if len(phys_sorted) > 1 else 0
-    ly = [i * scale for i in range(n)]
-    py = {b: rank[b] * pscale for b in phys_sorted}
+    ly = [i * (rows - 1) / max(n - 1, 1) if n > 1 else 0 for i in range(n)]
+    py = {b: (k * (rows - 1) / max(len(phys_sorted) - 1, 1) if len(phys_sorted) > 1 else 0)
+          for k, b in enumerate(phys_sorted)}
     texts = block_texts or [""] * n
     refs = refs or [1] * n
+    L0, L1, P0, P1, H = 0.0, 0.36, 0.64, 1.0, 0.36
+    for j in range(n):
+        color = "#fde68a" if j == n - 1 else "#dbeafe"
+        fig.add_shape(type="rect", x0=L0, x1=L1, y0=ly[j] - H, y1=ly[j] + H, line=dict(color="#1e3a8a", width=1),
+                      fillcolor=color, layer="below")
+    for b in phys_sorted:
+        shared = refs[table.index(b)] > 1
+        fig.add_shape(type="rect", x0=P0, x1=P1, y0=py[b] - H, y1=py[b] + H,
+                      line=dict(color="#c2410c" if shared else "#374151", width=1),
+                      fillcolor="#fed7aa" if shared else "#f3f4f6", layer="below")
     for j, b in enumerate(table):
-        fig.add_annotation(x=0.78, y=py[b], ax=0.22, ay=ly[j], xref="x", yref="y", axref="x", ayref="y",
-                           showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6,
-                           arrowcolor="#e6550d" if refs[j] > 1 else "#4b5563", text="")
-    lab = [f"logical {j}: {fills[j]}/{block_size}" for j in range(n)]
-    colors = ["#fde68a" if j == n - 1 else "#dbeafe" for j in range(n)]
+        fig.add_annotation(x=P0 - 0.01, y=py[b], ax=L1 + 0.01, ay=ly[j], xref="x", yref="y", axref="x", ayref="y",
+                           showarrow=True, arrowhead=2, arrowsize=1.1, arrowwidth=1.6,
+                           arrowcolor="#c2410c" if refs[j] > 1 else "#4b5563", text="")
     fig.add_trace(go.Scatter(
-        x=[0.1] * n, y=ly, mode="markers+text", text=lab, textposition="middle center",
-        marker=dict(symbol="square", size=1, color=colors), textfont=dict(size=12),
+        x=[(L0 + L1) / 2] * n, y=ly, mode="text", text=[f"logical {j} · {fills[j]}/{block_size}" for j in range(n)],
+        textposition="middle center", textfont=dict(size=12, color="#111827"),
         hovertext=[f"logical block {j} → physical block {table[j]}<br>{fills[j]} of {block_size} slots hold a token"
                    + (f"<br>ref count {refs[j]} (shared)" if refs[j] > 1 else "")
                    + (f"<br>tokens: {texts[j]}" if texts[j] else "") for j in range(n)],
         hoverinfo="text", showlegend=False))
-    for j in range(n):
-        fig.add_shape(type="rect", x0=-0.02, x1=0.22, y0=ly[j] - 0.38, y1=ly[j] + 0.38, line=dict(color="#1e3a8a", width=1),
-                      fillcolor=colors[j], layer="below")
-    plab = [f"physical {b}" for b in phys_sorted]
-    fig.add_trace(go.Scatter(x=[0.9] * len(phys_sorted), y=[py[b] for b in phys_sorted], mode="text", text=plab,
-                             textposition="middle center", textfont=dict(size=12), hoverinfo="skip", showlegend=False))
-    for b in phys_sorted:
-        shared = refs[table.index(b)] > 1
-        fig.add_shape(type="rect", x0=0.78, x1=1.02, y0=py[b] - 0.38, y1=py[b] + 0.38,
-                      line=dict(color="#e6550d" if shared else "#374151", width=1),
-                      fillcolor="#fed7aa" if shared else "#f3f4f6", layer="below")
-    fig.add_annotation(x=0.1, y=-1.0, text="<b>block table (logical order)</b>", showarrow=False, font=dict(size=12))
-    fig.add_annotation(x=0.9, y=-1.0, text="<b>KV pool (physical blocks)</b>", showarrow=False, font=dict(size=12))
-    fig.update_xaxes(visible=False, range=[-0.05, 1.05])
-    fig.update_yaxes(visible=False, autorange=False, range=[rows - 0.4, -1.6])
-    return _layout(fig, title, max(220, 60 + 34 * (rows + 1)), margin=dict(l=10, r=10, t=50, b=10))
+    fig.add_trace(go.Scatter(x=[(P0 + P1) / 2] * len(phys_sorted), y=[py[b] for b in phys_sorted], mode="text",
+                             text=[f"physical {b}" for b in phys_sorted], textposition="middle center",
+                             textfont=dict(size=12, color="#111827"), hoverinfo="skip", showlegend=False))
+    fig.add_annotation(x=(L0 + L1) / 2, y=-0.95, text="<b>block table</b>", showarrow=False, font=dict(size=12))
+    fig.add_annotation(x=(P0 + P1) / 2, y=-0.95, text="<b>KV pool</b>", showarrow=False, font=dict(size=12))
+    fig.update_xaxes(visible=False, range=[-0.02, 1.02])
+    fig.update_yaxes(visible=False, autorange=False, range=[rows - 0.4, -1.5])
+    return _layout(fig, title, max(220, 70 + 36 * (rows + 1.5)), margin=dict(l=8, r=8, t=45, b=8))
 
 
 # ---------------------------------------------------------------------------- every live table
@@ -139,8 +137,10 @@ def split_bars(labels: list[str], parts: dict[str, list[float]], colors: dict[st
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text=x_title, rangemode="tozero")
     fig.update_yaxes(autorange="reversed")
-    fig = _layout(fig, title, height or 170 + 40 * len(labels), legend=True, margin=dict(l=90, r=20, t=80, b=50))
-    fig.update_layout(legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0, xanchor="left"))
+    height = height or 190 + 40 * len(labels)
+    fig = _layout(fig, title, height, legend=True, margin=dict(l=90, r=20, t=50, b=100))
+    # the legend sits 60 px below the plot area, under the axis title
+    fig.update_layout(legend=dict(orientation="h", y=-60 / (height - 150), yanchor="top", x=0, xanchor="left"))
     return fig
 
 
@@ -151,7 +151,7 @@ def value_bars(labels: list[str], values: list[float], title: str, x_title: str,
     top = max(values) if values else 1
     fig.update_xaxes(title_text=x_title, range=[0, top * 1.25 if top > 0 else 1])
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, title, height or 170 + 40 * len(labels), margin=dict(l=90, r=30, t=80, b=50))
+    return _layout(fig, title, height or 190 + 40 * len(labels), margin=dict(l=90, r=30, t=50, b=100))
 
 
 # ---------------------------------------------------------------------------- timelines
@@ -187,7 +187,9 @@ def status_timeline(request_ids: list[str], labels: list[str], snapshots, title:
     scale = []
     for i, k in enumerate(keys):
         scale += [[i / len(keys), STATUS_STYLE[k][1]], [(i + 1) / len(keys), STATUS_STYLE[k][1]]]
-    z = np.vectorize(lambda c: np.nan if np.isnan(c) else keys.index(int(c)))(codes) if codes.size else codes
+    z = np.full(codes.shape, np.nan)
+    for i, k in enumerate(keys):
+        z[codes == k] = i
     hover = np.empty((n, steps), dtype=object)
     for r in range(n):
         for s in range(steps):
@@ -212,16 +214,22 @@ def status_timeline(request_ids: list[str], labels: list[str], snapshots, title:
 
 def lines(x, series: dict[str, list], title: str, x_title: str, y_title: str, *, colors: dict | None = None,
           percent: bool = False, hline: tuple[float, str] | None = None, current_x=None, height: int = 300,
-          log_x: bool = False, x_ticks=None, dash: dict | None = None, markers: bool = True) -> go.Figure:
+          log_x: bool = False, x_ticks=None, dash: dict | None = None, markers: bool = True,
+          point_labels: dict | None = None) -> go.Figure:
+    """Curves over x. ``point_labels``: series name -> format function, to print each point's value."""
     fig = go.Figure()
     xs = [math.log2(v) for v in x] if log_x else list(x)
     for name, ys in series.items():
-        fig.add_trace(go.Scatter(x=xs, y=list(ys), name=name, mode="lines+markers" if markers else "lines",
+        fmt = (point_labels or {}).get(name)
+        mode = ("lines+markers" if markers else "lines") + ("+text" if fmt else "")
+        fig.add_trace(go.Scatter(x=xs, y=list(ys), name=name, mode=mode,
                                  line=dict(color=(colors or {}).get(name), width=2, dash=(dash or {}).get(name)),
-                                 marker=dict(size=7)))
+                                 marker=dict(size=7), text=[fmt(y) for y in ys] if fmt else None,
+                                 textposition="bottom center", textfont=dict(size=11)))
     if hline is not None:
         fig.add_hline(y=hline[0], line_dash="dash", line_color="#6b7280", annotation_text=hline[1],
-                      annotation_position="top left", annotation_font=dict(size=12, color="#374151"))
+                      annotation_position="top left", annotation_font=dict(size=12, color="#374151"),
+                      annotation_bgcolor="rgba(255,255,255,0.85)")
     if current_x is not None:
         fig.add_vline(x=math.log2(current_x) if log_x else current_x, line_dash="dot", line_color="#111827")
     fig.update_xaxes(title_text=x_title)
@@ -229,7 +237,11 @@ def lines(x, series: dict[str, list], title: str, x_title: str, y_title: str, *,
         ticks = list(x_ticks or x)
         fig.update_xaxes(tickvals=[math.log2(v) for v in ticks], ticktext=[str(v) for v in ticks])
     fig.update_yaxes(title_text=y_title, rangemode="tozero", tickformat=".0%" if percent else None)
-    return _layout(fig, title, height, legend=len(series) > 1, margin=dict(l=65, r=20, t=50, b=60 if len(series) <= 1 else 90))
+    many = len(series) > 1
+    fig = _layout(fig, title, height, legend=many, margin=dict(l=65, r=20, t=50, b=100 if many else 60))
+    if many:  # the legend sits under the x-axis title, whatever the height
+        fig.update_layout(legend=dict(orientation="h", y=-64 / (height - 150), yanchor="top", x=0, xanchor="left"))
+    return fig
 
 
 def request_color(index: int) -> str:

@@ -47,6 +47,11 @@ def stop(key: str) -> None:
     _state(key)["playing"] = False
 
 
+def start(key: str) -> None:
+    """Start playing (e.g. right after a page submitted new work to a live run)."""
+    _state(key)["playing"] = True
+
+
 def interval(key: str):
     """``run_every`` for the page's fragment: a period while playing, None when paused."""
     return PLAY_INTERVAL_S if is_playing(key) else None

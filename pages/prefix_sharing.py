@@ -13,7 +13,8 @@ from pages.runs import settings_config
 from pages.viz import LEGEND, pool_heatmap, slot_hover_text
 
 KEY = "prefix"
-GUIDE_CONFIG = EngineConfig(block_size=16, pool_slots=2048, watermark=0.01, prefix_caching=True, seed=0)
+# the sidebar's defaults, so that explore mode with default settings reuses the guide's run
+GUIDE_CONFIG = EngineConfig(block_size=16, pool_slots=2048, watermark=0.01, swap_slots=1024, prefix_caching=True, seed=0)
 GUIDE_SEED = 0
 
 st.title("Prefix sharing and copy-on-write")
@@ -205,7 +206,9 @@ def guide_steps() -> list[GuideStep]:
     while preamble_common < min(len(pa), len(pb)) and pa[preamble_common] == pb[preamble_common]:
         preamble_common += 1
     fork_step = rec.events(FORK)[0][0]
-    cow_step, cow = rec.events(COW)[0]
+    cow_step = rec.events(COW)[0][0]
+    cows = [e for s, e in rec.events(COW) if s == cow_step]
+    copies = " and ".join(f"block {e.detail['src']} → {e.detail['dst']}" for e in cows)
     a_done = rec.finish_step("A")
     c_done = rec.finish_step("C")
     b_done = rec.finish_step("B")
@@ -228,10 +231,11 @@ def guide_steps() -> list[GuideStep]:
         GuideStep("C forks into three samples", "C asks for three samples (n = 3, temperature 0.7). It reuses the preamble "
                   "too; after its prefill it forks: the three samples share every block, including the partly filled "
                   "tail block (the rows C sample 1-3 point at the same physical blocks).", {"step": fork_step, "focus": "C"}),
-        GuideStep("Copy-on-write", f"The samples drew different tokens and each must write its own into the shared tail "
-                  f"block. Writing into a shared block would corrupt the others, so the block manager first copies it: "
-                  f"block {cow.detail['src']} → block {cow.detail['dst']}. Only the partly filled tail is copied; the full "
-                  "blocks stay shared.", {"step": cow_step, "focus": "C"}),
+        GuideStep("Copy-on-write", "Each sample must now write its own next token into the shared tail block (even two "
+                  "samples that drew the same token are separate sequences from here on). Writing into a shared block would "
+                  f"change it for the others, so the block manager copies it first: {copies}; the last sample keeps the "
+                  "original, now private. Only the partly filled tail is copied: the full blocks stay shared.",
+                  {"step": cow_step, "focus": "C"}),
         GuideStep("A finishes", "A is done. Its private blocks (the tail with its question and its answer) go back to the "
                   "pool; the preamble blocks survive because B and C still reference them: their ref counts drop by one.",
                   {"step": a_done, "focus": "B"}),

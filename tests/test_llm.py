@@ -219,7 +219,8 @@ def test_pool_sized_from_memory_budget(llm):
     assert per_block == 2 * 30 * 3 * 64 * 4 * 16
     sized = LLM(loaded=llm.loaded, device="cpu", block_size=16, kv_budget_bytes=10 * per_block + 5)
     assert sized.config.pool_slots == 160 and sized.pool_info["sized_by"] == "kv_budget_bytes"
-    assert LLM(loaded=llm.loaded, device="cpu", block_size=16, pool_blocks=7).config.pool_slots == 112
+    shared = LLM(runner=llm.runner, block_size=16, pool_blocks=7)
+    assert shared.config.pool_slots == 112 and shared.runner is llm.runner
 
 
 def test_cli_generate_json(tmp_path, capsys):
@@ -251,6 +252,8 @@ def test_cli_generate_json(tmp_path, capsys):
         ["generate", "--prompts-file", "/no/such/file.json"],
         ["generate", "--prompt", "hi", "--model", "/no/such/model"],
         ["generate", "--prompt", "hi", "--kv-budget", "lots"],
+        ["generate", "--prompt", "hi", "--pool-slots", "64", "--kv-budget", "1MiB"],
+        ["generate", "--prompt", "hi", "--n", "0"],
     ],
 )
 def test_cli_generate_bad_input(argv, capsys):
@@ -259,3 +262,12 @@ def test_cli_generate_bad_input(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+def test_stop_token_ids_and_max_tokens(llm, prompt_ids, hf_tokens):
+    stop = hf_tokens[1][3]
+    outs = llm.generate([prompt_ids[1]], SamplingParams(max_tokens=10, stop_token_ids=(stop,)))
+    c = outs[0].outputs[0]
+    assert c.token_ids == hf_tokens[1][: hf_tokens[1].index(stop) + 1] and c.finish_reason == "stop"
+    outs = llm.generate([prompt_ids[1]], SamplingParams(max_tokens=3))
+    assert outs[0].outputs[0].token_ids == hf_tokens[1][:3] and outs[0].outputs[0].finish_reason == "length"

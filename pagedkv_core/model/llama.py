@@ -2,7 +2,8 @@
 
 The weights are pulled out of the transformers model (loaded by :mod:`pagedkv_core.model.loader`)
 into plain tensors: the Q, K and V projections fused into one matrix, the gate and up projections
-fused into another. One forward runs every token of a step at once:
+fused into another (on the CPU in fp32 each matrix is pre-packed for oneDNN once, see
+:class:`Linear`). One forward runs every token of a step at once:
 
     tokens [T] -> embedding -> 30 x (RMSNorm -> fused QKV -> rotary -> write K/V through the slot
     mapping -> attention -> O -> residual -> RMSNorm -> SiLU-gated MLP -> residual)
@@ -22,6 +23,7 @@ the runner; prefill tokens come first in the flattened batch, decode tokens afte
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -30,18 +32,49 @@ import torch.nn.functional as F
 import kernels
 
 
+class Linear:
+    """``y = x @ weight.T + bias``. On the CPU in fp32 the weight is pre-packed once into oneDNN's
+    blocked layout (``torch.ops.mkldnn``), which runs the small-batch matmuls of decoding about
+    1.6x faster than a plain GEMM on the row-major weight; elsewhere it is ``F.linear``."""
+
+    __slots__ = ("weight", "bias", "packed")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool):
+        self.bias = bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 16) if pack else None
+        self.weight = None if pack else weight  # the packed copy replaces it
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.weight, self.packed, self.bias) if t is not None]
+
+
+def _can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN pre-packed linears: CPU, fp32, oneDNN present, a self-test passes, and
+    ``PAGEDKV_CPU_LINEAR`` is not ``plain``."""
+    if device.type != "cpu" or dtype != torch.float32 or os.environ.get("PAGEDKV_CPU_LINEAR", "") == "plain":
+        return False
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return False
+        w, x = torch.randn(48, 32), torch.randn(5, 32)
+        return bool(torch.allclose(Linear(w, None, True)(x), F.linear(x, w), atol=1e-4))
+    except Exception:  # an op missing from this build: plain GEMMs
+        return False
+
+
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor  # [hidden, heads * head_dim]
-    o_bias: torch.Tensor | None
+    qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    o: Linear  # [hidden, heads * head_dim]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor  # [hidden, intermediate]
-    down_bias: torch.Tensor | None
+    gate_up: Linear  # [2 * intermediate, hidden]
+    down: Linear  # [hidden, intermediate]
 
 
 @dataclass
@@ -132,25 +165,27 @@ class LlamaModel:
             return t(torch.cat([x for x in xs], dim=0))
 
         inner = hf_model.model
+        self.packed_linears = pack = _can_pack(self.device, dtype)
         self.embed = t(inner.embed_tokens.weight)
         self.final_norm = t(inner.norm.weight)
         head = hf_model.lm_head.weight
-        self.lm_head = self.embed if head.data_ptr() == inner.embed_tokens.weight.data_ptr() else t(head)
+        tied = head.data_ptr() == inner.embed_tokens.weight.data_ptr()
+        self.lm_head = Linear(self.embed if tied else t(head), None, pack)
         self.layers: list[LayerWeights] = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(
                 LayerWeights(
                     input_norm=t(layer.input_layernorm.weight),
-                    qkv=cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
-                    qkv_bias=cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias) if a.q_proj.bias is not None else None,
-                    o=t(a.o_proj.weight),
-                    o_bias=t(a.o_proj.bias),
+                    qkv=Linear(cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                               cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias) if a.q_proj.bias is not None else None,
+                               pack),
+                    o=Linear(t(a.o_proj.weight), t(a.o_proj.bias), pack),
                     post_norm=t(layer.post_attention_layernorm.weight),
-                    gate_up=cat(m.gate_proj.weight, m.up_proj.weight),
-                    gate_up_bias=cat(m.gate_proj.bias, m.up_proj.bias) if m.gate_proj.bias is not None else None,
-                    down=t(m.down_proj.weight),
-                    down_bias=t(m.down_proj.bias),
+                    gate_up=Linear(cat(m.gate_proj.weight, m.up_proj.weight),
+                                   cat(m.gate_proj.bias, m.up_proj.bias) if m.gate_proj.bias is not None else None,
+                                   pack),
+                    down=Linear(t(m.down_proj.weight), t(m.down_proj.bias), pack),
                 )
             )
         inv_freq, rope_scale = _rope_inv_freq(cfg)
@@ -164,9 +199,11 @@ class LlamaModel:
     @property
     def weight_bytes(self) -> int:
         seen, total = set(), 0
-        tensors = [self.embed, self.final_norm, self.lm_head]
+        tensors = [self.embed, self.final_norm] + self.lm_head.tensors()
         for lw in self.layers:
-            tensors += [v for v in vars(lw).values() if v is not None]
+            tensors += [lw.input_norm, lw.post_norm]
+            for lin in (lw.qkv, lw.o, lw.gate_up, lw.down):
+                tensors += lin.tensors()
         for x in tensors:
             if x.data_ptr() not in seen:
                 seen.add(x.data_ptr())
@@ -225,7 +262,7 @@ class LlamaModel:
             v_cache = v_flat[:usable].view(-1, bs, Hkv, D)
 
             x = self._rms_norm(h, lw.input_norm)
-            qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+            qkv = lw.qkv(x)
             # rotary embedding on the query and key heads together (one set of elementwise ops)
             qk = self._rotate(qkv[:, : q_size + kv_size].view(T, H + Hkv, D), cos, sin)
             q, k = qk[:, :H], qk[:, H:]
@@ -243,26 +280,26 @@ class LlamaModel:
                     q[P:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                     self.scale, attn[P:],
                 )
-            h = h + F.linear(attn.view(T, H * D), lw.o, lw.o_bias)
+            h = h + lw.o(attn.view(T, H * D))
 
             x = self._rms_norm(h, lw.post_norm)
-            gu = F.linear(x, lw.gate_up, lw.gate_up_bias)
+            gu = lw.gate_up(x)
             inter = gu.shape[-1] // 2
-            h = h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], lw.down, lw.down_bias)
+            h = h + lw.down(F.silu(gu[:, :inter]) * gu[:, inter:])
 
         h = h.index_select(0, sample_rows)
         h = self._rms_norm(h, self.final_norm)
-        return F.linear(h, self.lm_head).float()
+        return self.lm_head(h).float()
 
     def _prefill_attention(self, q, k, v, k_flat, v_flat, meta: AttentionMetadata) -> torch.Tensor:
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         gqa = H != Hkv
         if meta.prefill_simple:
-            out = F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+            out = F.scaled_dot_product_attention(  # 4-D, so that fused CUDA backends apply
+                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                 is_causal=True, scale=self.scale, enable_gqa=gqa,
             )
-            return out.transpose(0, 1)
+            return out[0].transpose(0, 1)
         B, Tq, Tk = meta.prefill_shape
         qp = q.index_select(0, meta.prefill_q_index).view(B, Tq, H, D).transpose(1, 2)
         kp = k_flat.index_select(0, meta.prefill_kv_slots).view(B, Tk, Hkv, D).transpose(1, 2)

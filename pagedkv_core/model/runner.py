@@ -166,10 +166,14 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ TokenSource
     def bind(self, num_slots: int, num_host_slots: int) -> None:
+        """One K and one V pool per layer (flat ``[num_slots, kv_heads, head_dim]``, views of one
+        tensor) on the device, and a host pool of ``num_host_slots`` (pinned with CUDA)."""
         num_slots, num_host_slots = int(num_slots), int(num_host_slots)
         if num_slots < 1 or num_host_slots < 0:
             raise ValueError(f"need num_slots >= 1 and num_host_slots >= 0, got {num_slots}, {num_host_slots}")
         L, Hkv, D = self.model.num_layers, self.model.num_kv_heads, self.model.head_dim
+        if self._pool is not None and (num_slots, num_host_slots) == (self.num_slots, self.num_host_slots):
+            return  # same sizes: keep the buffers (a new engine never reads a slot before writing it)
         self._pool = self._host = None
         self.k_pools = self.v_pools = self.k_host = self.v_host = []
         if self.device.type == "cuda":

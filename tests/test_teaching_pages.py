@@ -1,0 +1,192 @@
+"""The teaching pages under streamlit.testing: the facts each lesson teaches are checked on what the
+page draws, and the real-model lessons run SmolLM2 on the CPU with small token counts.
+
+Real-model runs are cached per process (st.cache_resource), so each lesson's run happens once here."""
+import math
+
+import numpy as np
+import pytest
+
+from pagedkv_core.config import EngineConfig
+from pagedkv_core.engine import Engine
+from pagedkv_core.scripted import ScriptedSource
+from tests.apptest import figure, open_page, plotly_array
+
+BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+def metric(at, label: str) -> str:
+    for m in at.metric:
+        if m.label == label:
+            return m.value
+    raise AssertionError(f"no metric {label!r} in {[m.label for m in at.metric]}")
+
+
+def metrics(at, label: str) -> list[str]:
+    return [m.value for m in at.metric if m.label == label]
+
+
+def walk_guide(at, key: str, on_step=None) -> int:
+    """Turn guide mode on and press Next until the end; every step must render its narration."""
+    at.toggle(key=f"{key}_guide").set_value(True).run()
+    assert not at.exception, at.exception
+    n = 0
+    while True:
+        n += 1
+        assert at.info and at.info[0].value, f"step {n}: no narration"
+        assert not at.error, [e.value for e in at.error]
+        if on_step is not None:
+            on_step(at, n)
+        nxt = at.button(key=f"{key}_guide_next")
+        if nxt.disabled:
+            return n
+        nxt.click().run()
+        assert not at.exception, at.exception
+
+
+def curve(at, key: str, name: str | None = None) -> list[float]:
+    data = figure(at, key)["data"]
+    trace = data[0] if name is None else next(t for t in data if t.get("name") == name)
+    return [float(v) for v in plotly_array(trace["y"]).tolist()]
+
+
+# ---------------------------------------------------------------------------- home
+def test_home_links_the_lessons_in_teaching_order():
+    at = open_page("pages/home.py")
+    labels = [p.proto.label for p in at.get("page_link")]
+    want = ["Reserve or page", "Live engine", "Prefix sharing", "Under pressure", "Block size", "Ops dashboard"]
+    positions = [next(i for i, lab in enumerate(labels) if w in lab) for w in want]
+    assert positions == sorted(positions), labels
+
+
+# ---------------------------------------------------------------------------- block size (scripted)
+def test_block_size_sweep_utilization_falls_on_short_requests():
+    at = open_page("pages/block_size.py")
+    util = curve(at, "bsize_util")
+    assert len(util) == len(BLOCK_SIZES)
+    assert all(a >= b for a, b in zip(util, util[1:])), util  # falls as blocks grow
+    assert util[0] == pytest.approx(1.0) and util[-1] < 0.6
+    waste = curve(at, "bsize_waste", "measured")
+    assert waste[0] == 0.0
+    for b, w in zip(BLOCK_SIZES[1:6], waste[1:6]):  # about half a block while blocks are small
+        assert abs(w - (b - 1) / 2) <= 0.25 * b, (b, w)
+    entries = curve(at, "bsize_entries")
+    assert all(a > b for a, b in zip(entries, entries[1:])), entries
+    reused = curve(at, "bsize_prefix")
+    assert reused == [600 // b * b for b in BLOCK_SIZES]  # whole blocks only
+
+
+def test_block_size_sweep_matches_the_engine():
+    from pages.block_size import short_chat
+
+    at = open_page("pages/block_size.py", block_size="32")
+    engine = Engine(EngineConfig(block_size=32), ScriptedSource())
+    short_chat(0).submit(engine)
+    utils = []
+    while engine.has_unfinished():
+        m = engine.step()[1].metrics
+        if m.allocated_slots:
+            utils.append(m.token_utilization)
+    assert curve(at, "bsize_util")[BLOCK_SIZES.index(32)] == pytest.approx(np.mean(utils))
+
+
+def test_pool_calculator_llama3_70b_and_a_bad_budget():
+    at = open_page("pages/block_size.py")
+    at.selectbox(key="bsize_preset").set_value("Llama 3 70B").run()
+    assert not at.exception
+    assert metric(at, "bytes per token") == "320.0 KiB"  # 2 x 80 x 8 x 128 x 2 B
+    blocks = int(metric(at, "KV blocks in the pool").replace(",", ""))
+    want = int((160 * 2**30 - 70.6e9 * 2 - 8 * 2**30) // (327_680 * 16))
+    assert blocks == want
+    assert metric(at, "sequences at once") == f"{int(want // math.ceil(2048 / 16)):,}"
+    at.number_input(key="bsize_budget_gib").set_value(80.0).run()
+    assert not at.exception
+    assert any("No room for a KV cache" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_pool_calculator_smollm2_comes_from_the_loaded_config():
+    at = open_page("pages/block_size.py")
+    assert "loaded" in at.selectbox(key="bsize_preset").value
+    assert metric(at, "bytes per token") == "45.0 KiB"  # 2 x 30 x 3 x 64 x 4 B = 46,080 B
+    assert any("46,080 B" in m.value for m in at.markdown)
+
+
+def test_block_size_guide_steps_render():
+    at = open_page("pages/block_size.py")
+    seen = []
+
+    def check(at, n):
+        spec = figure(at, "bsize_util")
+        seen.append(spec["layout"]["shapes"][0]["x0"])  # the highlighted block size
+
+    n = walk_guide(at, "bsize", check)
+    assert n >= 6 and len(set(seen)) >= 3
+
+
+# ---------------------------------------------------------------------------- real model
+@pytest.mark.slow
+def test_prefix_sharing_facts_are_measured_on_the_real_model():
+    at = open_page("pages/prefix_sharing.py")
+    seen = {}
+
+    def check(at, n):
+        seen[n] = {k: metric(at, k) for k in ("shared blocks (ref > 1)", "highest ref count", "copy-on-write so far",
+                                              "prefill tokens skipped so far")}
+        if n == 3:  # B reuses A's blocks
+            z = plotly_array(figure(at, "prefix_tables")["data"][0]["z"]).astype(float)
+            assert np.nanmax(z) >= 2  # shared cells in the block tables
+            bars = figure(at, "prefix_prefill")["data"]
+            skipped = next(t for t in bars if t["name"].startswith("skipped"))
+            labels = list(skipped["y"])
+            b = next(i for i, lab in enumerate(labels) if lab.startswith("B"))
+            assert plotly_array(skipped["x"])[b] > 0  # B skipped prefill tokens
+            ttft = plotly_array(figure(at, "prefix_ttft")["data"][0]["x"])
+            assert len(ttft) == 2 and all(t > 0 for t in ttft)
+
+    n = walk_guide(at, "prefix", check)
+    assert n == 10
+    assert int(seen[1]["shared blocks (ref > 1)"]) == 0
+    assert int(seen[3]["shared blocks (ref > 1)"]) > 0 and int(seen[3]["highest ref count"]) > 1
+    assert int(seen[3]["prefill tokens skipped so far"].replace(",", "")) > 0
+    assert int(seen[6]["copy-on-write so far"]) >= 1
+    assert int(seen[10]["prefill tokens skipped so far"].replace(",", "")) > int(
+        seen[3]["prefill tokens skipped so far"].replace(",", ""))  # D hit the cache after everyone left
+
+
+@pytest.mark.slow
+def test_under_pressure_both_modes_preempt_with_identical_outputs():
+    at = open_page("pages/under_pressure.py")
+    n = walk_guide(at, "pressure")
+    assert n >= 6
+    pre = [int(v) for v in metrics(at, "preemptions")]
+    assert len(pre) == 2 and all(p > 0 for p in pre), pre
+    assert metric(at, "moved to host") != "0 B"
+    assert int(metric(at, "tokens lost at preemption")) > 0
+    assert any("exactly the same token ids" in s.value for s in at.success)
+    table = at.dataframe[-1].value
+    assert (table["same token ids in both runs"] == "✓ identical").all()
+
+
+@pytest.mark.slow
+def test_live_engine_guide_and_submitting_prompts():
+    at = open_page("pages/live_engine.py")
+    n = walk_guide(at, "live")
+    assert n >= 6
+    at.toggle(key="live_guide").set_value(False).run()
+    # a bad input: nothing to submit
+    at.button(key="FormSubmitter:live_form-Submit").click().run()
+    assert any("Nothing to submit" in e.value for e in at.error), [e.value for e in at.error]
+    # a prompt longer than the pool is rejected with its reason, a normal one runs
+    at.multiselect(key="live_picks").set_value(["What is the capital of France?"])
+    at.text_area(key="live_own").set_value("word " * 2100)
+    at.number_input(key="live_max_tokens").set_value(8)
+    at.button(key="FormSubmitter:live_form-Submit").click().run()
+    assert not at.exception, at.exception
+    for _ in range(3):
+        at.button(key="live_fwd").click().run()
+        assert not at.exception, at.exception
+    assert any("r1 was rejected" in e.value for e in at.error), [e.value for e in at.error]
+    z = plotly_array(figure(at, "live_heat")["data"][0]["z"]).reshape(-1)
+    assert (z >= 4).sum() > 30  # the prompt's tokens fill slots
+    figure(at, "live_arrows")
+    assert any("Paris" in m.value or "capital" in m.value for m in at.markdown)

@@ -193,14 +193,16 @@ def tight_workload(llm, max_tokens: int = TIGHT_MAX_TOKENS, num_requests: int = 
     wall = {a: 0.0 for a in engines}
     cpu = {a: 0.0 for a in engines}
     done = {a: {} for a in engines}
+    prefill_tokens = {a: 0 for a in engines}
     while any(e.has_unfinished() for e in engines.values()):
         for a, e in engines.items():
             if not e.has_unfinished():
                 continue
             t0, c0 = time.perf_counter(), time.process_time()
-            outs, _snap = e.step()
+            outs, snap = e.step()
             wall[a] += time.perf_counter() - t0
             cpu[a] += time.process_time() - c0
+            prefill_tokens[a] += snap.metrics.step_prefill_tokens
             for o in outs:
                 if o.finished:
                     done[a][int(o.request_id)] = list(o.outputs[0].token_ids)
@@ -213,7 +215,10 @@ def tight_workload(llm, max_tokens: int = TIGHT_MAX_TOKENS, num_requests: int = 
                   "useful_tokens_per_cpu_s": round(useful / cpu[a], 2), "steps": s.steps,
                   "peak_running": s.peak_running, "mean_running": round(s.mean_running, 2),
                   "mean_kv_usage": round(s.mean_kv_usage, 4), "mean_token_utilization": round(s.mean_token_utilization, 4),
-                  "preemptions": s.preemptions, "prefix_cache_hit_rate": round(s.prefix_cache_hit_rate, 4)}
+                  "preemptions": s.preemptions, "recomputes": s.recomputes,
+                  "prefill_tokens_computed": prefill_tokens[a], "prompt_tokens": sum(len(p) for p in ids),
+                  "ms_per_step": round(wall[a] / s.steps * 1e3, 1), "cpu_ms_per_step": round(cpu[a] / s.steps * 1e3, 1),
+                  "prefix_cache_hit_rate": round(s.prefix_cache_hit_rate, 4)}
         res[a]["outputs"] = outs
         log(f"  tight {a:<10} {wall[a]:6.2f} s  {useful / wall[a]:6.1f} useful tok/s  peak running {s.peak_running}")
     identity = compare_outputs(res["paged"].pop("outputs"), res["contiguous"].pop("outputs"), eos)

@@ -87,6 +87,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _installed(dist: str) -> str | None:
+    try:
+        import importlib.metadata
+
+        return importlib.metadata.version(dist)
+    except Exception:
+        return None
+
+
 def machine() -> dict:
     """The machine a result was measured on. torch figures only when this process uses torch."""
     torch = sys.modules.get("torch")
@@ -97,7 +106,7 @@ def machine() -> dict:
         "cores": os.cpu_count(),
         "load_average_1min": round(load, 2) if load is not None else None,
         "platform": platform.platform(),
-        "torch": torch.__version__ if torch else None,
+        "torch": torch.__version__ if torch else _installed("torch"),
         "torch_threads": torch.get_num_threads() if torch else None,
         "python": platform.python_version(),
         "peak_rss_process_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -138,7 +138,13 @@ def register_generate(subparsers) -> None:
     register(subparsers)
 
 
-SUBCOMMANDS: list[Callable] = [register_simulate, register_generate]
+def register_bench(subparsers) -> None:
+    from .cli_bench import register  # torch and transformers load only when a benchmark needs them
+
+    register(subparsers)
+
+
+SUBCOMMANDS: list[Callable] = [register_simulate, register_generate, register_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

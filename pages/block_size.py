@@ -8,7 +8,7 @@ import streamlit as st
 
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.events import ADMIT, CACHE_HIT
+from pagedkv_core.events import ADMIT
 from pagedkv_core.kv_math import KVShape, dtype_bytes, format_bytes
 from pagedkv_core.scripted import ScriptedSource
 from pagedkv_core.workloads import Workload, WorkloadRequest, parse_workload

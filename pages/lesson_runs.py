@@ -125,12 +125,13 @@ class Recording:
         return None
 
     def finish_step(self, request_id: str) -> int | None:
-        """The step after which every sample of the request had finished."""
-        for i, s in enumerate(self.snapshots):
-            if i < self.requests[request_id].arrival_step:
-                continue
-            idx = self.request_ids.index(request_id)
-            if not (s.seq_request == idx).any() and self.first_token_step(request_id) is not None and i >= self.first_token_step(request_id):
+        """The step in which the request's last sample finished (None while it runs)."""
+        first = self.first_token_step(request_id)
+        if first is None:
+            return None
+        idx = self.request_ids.index(request_id)
+        for i in range(first, len(self.snapshots)):
+            if not (self.snapshots[i].seq_request == idx).any():
                 return i
         return None
 

@@ -107,8 +107,10 @@ def block_tables_grid(rows: list[tuple[str, list[int]]], block_ref, block_fill, 
     for i, c in enumerate(REF_COLORS):
         scale += [[i / n, c], [(i + 1) / n, c]]
     fig.add_trace(go.Heatmap(
-        z=z, zmin=0.5, zmax=n + 0.5, colorscale=scale, text=text, texttemplate="%{text}",
-        textfont=dict(size=10 if width > 32 else 12), hovertext=hover, hoverinfo="text", xgap=2, ygap=3,
+        z=z, zmin=0.5, zmax=n + 0.5, colorscale=scale, text=text,
+        texttemplate="%{text}" if width <= 64 else None,  # wider tables: ids on hover only
+        textfont=dict(size=10 if width > 32 else 12), hovertext=hover, hoverinfo="text",
+        xgap=2 if width <= 64 else 0, ygap=3,
         showscale=False,
     ))
     present = sorted({int(v) for v in z[~np.isnan(z)]})
@@ -117,7 +119,8 @@ def block_tables_grid(rows: list[tuple[str, list[int]]], block_ref, block_fill, 
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=12, color=REF_COLORS[v - 1])))
     fig.update_xaxes(title_text="logical block (position in the block table) · the number in a cell is the physical block",
-                     showgrid=False, zeroline=False, dtick=1 if width <= 24 else 4, range=[-0.5, width - 0.5])
+                     showgrid=False, zeroline=False, dtick=1 if width <= 24 else (4 if width <= 64 else None),
+                     range=[-0.5, width - 0.5])
     fig.update_yaxes(tickvals=list(range(len(rows))), ticktext=[lab for lab, _ in rows], autorange="reversed",
                      showgrid=False, zeroline=False)
     fig = _layout(fig, title, 190 + 36 * len(rows), legend=True, margin=dict(l=120, r=20, t=50, b=50))
@@ -225,7 +228,8 @@ def lines(x, series: dict[str, list], title: str, x_title: str, y_title: str, *,
         fig.add_trace(go.Scatter(x=xs, y=list(ys), name=name, mode=mode,
                                  line=dict(color=(colors or {}).get(name), width=2, dash=(dash or {}).get(name)),
                                  marker=dict(size=7), text=[fmt(y) for y in ys] if fmt else None,
-                                 textposition="bottom center", textfont=dict(size=11)))
+                                 textposition=["bottom right"] * (len(xs) - 1) + ["bottom left"],
+                                 textfont=dict(size=11)))
     if hline is not None:
         fig.add_hline(y=hline[0], line_dash="dash", line_color="#6b7280", annotation_text=hline[1],
                       annotation_position="top left", annotation_font=dict(size=12, color="#374151"),

@@ -13,7 +13,7 @@ from pagedkv_core.sequence import STATUS_NAMES
 from pages import guide, lesson_runs, player
 from pages.common import token_text_lookup
 from pages.guide import GuideStep
-from pages.lesson_runs import LIVE_GUIDE_MAX_TOKENS, Recording, chat_prompt, new_recording
+from pages.lesson_runs import Recording, chat_prompt, new_recording
 from pages.lesson_viz import block_table_arrows, short_text
 from pages.runs import settings_config
 from pages.viz import LEGEND, pool_heatmap, slot_hover_text
@@ -110,7 +110,9 @@ def render(rec: Recording, step: int, selected: str | None) -> None:
                 st.caption(f"{selected} holds {tokens} tokens in {len(table)} blocks of {snap.block_size}: "
                            f"{math.ceil(tokens / snap.block_size)} = ⌈{tokens} / {snap.block_size}⌉. Its last block "
                            f"(yellow) holds {fills[-1]} of {snap.block_size}; the other "
-                           f"{snap.block_size - fills[-1]} slots wait for the next tokens. Orange arrows: shared blocks.")
+                           f"{snap.block_size - fills[-1]} slots wait for the next tokens."
+                           + (" Orange: blocks shared with another request (prefix cache)." if any(
+                               int(snap.block_ref[b]) > 1 for b in table) else ""))
     if not rec.requests:
         return
     st.markdown(f"**SmolLM2's answers at step {snap.step if snap is not None else 0}**")

@@ -105,14 +105,14 @@ def hash_rows(snap, focus: str) -> list[dict]:
             fill = int(snap.block_fill[b])
             toks = [int(t) for t in snap.slot_token[b * bs: b * bs + fill]]
             if h:
-                check = "✓ recomputed here" if hash_block(parent, toks) == h else "✗ differs"
+                check = "✓ matches" if hash_block(parent, toks) == h else "✗ differs"
             else:
-                check = "partial block: not hashed" if fill < bs else "not hashed (caching off)"
+                check = "partial: not hashed" if fill < bs else "not hashed (caching off)"
             rows.append({
                 "logical": j, "physical": b, "ref count": int(snap.block_ref[b]), "filled": f"{fill}/{bs}",
-                "tokens": block_text(snap, b, 40), "parent hash": f"{parent & (2**64 - 1):016x}" if h else "",
+                "parent hash": f"{parent & (2**64 - 1):016x}" if h else "",
                 "block hash = H(parent, tokens)": f"{h & (2**64 - 1):016x}" if h else "",
-                "check": check,
+                "recomputed here": check, "tokens": block_text(snap, b, 40),
             })
             parent = h
         break  # one sample is enough: they share every full block
@@ -128,7 +128,7 @@ def lesson(step: int, focus: str) -> None:
     c[0].metric("step", f"{snap.step} of {len(rec.snapshots) - 1}")
     c[1].metric("shared blocks (ref > 1)", shared, help="blocks referenced by more than one sequence right now")
     c[2].metric("highest ref count", int(snap.block_ref.max()) if len(snap.block_ref) else 0)
-    c[3].metric("prefill tokens skipped so far", f"{m.prefix_hit_tokens:,}",
+    c[3].metric("tokens from the cache", f"{m.prefix_hit_tokens:,}",
                 help="prompt tokens whose K/V came from the prefix cache instead of a forward pass")
     c[4].metric("copy-on-write so far", cows)
 
@@ -172,7 +172,7 @@ def lesson(step: int, focus: str) -> None:
 
     st.markdown(f"**Chained hashes of {focus}'s blocks at step {snap.step}**: each full block's hash covers its "
                 "parent's hash and its own tokens, so equal hashes mean an equal *history*, not only equal tokens. "
-                "The check column recomputes every hash from the tokens the block holds.")
+                "The *recomputed here* column hashes each block's tokens again, on this page.")
     rows = hash_rows(snap, focus)
     if rows:
         st.dataframe(rows, hide_index=True, width="stretch", height=260)

@@ -67,20 +67,21 @@ reserve = configs["swap"].watermark_blocks
 bpb = recs["swap"].bytes_per_block
 
 
-def preemption_rows(rec) -> list[dict]:
-    rows = []
+def preemption_lines(rec) -> list[str]:
+    """One sentence per preemption: the victim, what happened to its blocks, and why it was chosen."""
+    out = []
     for p in rec.preemptions():
         running = p["running_before"]
-        why = (f"most recently admitted of the {len(running)} running ({', '.join(running)}): the scheduler keeps "
-               "first-come-first-served order and evicts from the back") if running and running[-1] == p["victim"] else \
-            "evicted to make room"
+        what = (f"{p['blocks']} blocks copied to host ({format_bytes(p['blocks'] * bpb)})" if p["mode"] == "swap"
+                else f"{p['blocks']} blocks freed, to be recomputed")
+        if running and running[-1] == p["victim"]:
+            why = f"of the running {', '.join(running)}, it was admitted last"
+        else:
+            why = "evicted to make room"
         if p["mode"] == "recompute" and p["reason"] == "host pool full":
             why += "; the host pool was full, so it fell back to recompute"
-        rows.append({"step": p["step"], "victim": p["victim"], "blocks": p["blocks"],
-                     "what happened": (f"{p['blocks']} blocks copied to host ({format_bytes(p['blocks'] * bpb)})"
-                                       if p["mode"] == "swap" else f"{p['blocks']} blocks freed, to be recomputed"),
-                     "why this one": why})
-    return rows
+        out.append(f"step {p['step']}: **{p['victim']}**, {what}. Why: {why}.")
+    return out
 
 
 def costs(rec) -> dict:
@@ -105,7 +106,7 @@ def side(mode: str, step: int) -> None:
         c[1].metric("moved to host", format_bytes(k["bytes to host"]), help="blocks swapped out × bytes per block")
         c[2].metric("moved back", format_bytes(k["bytes back"]), help="blocks swapped in × bytes per block")
     else:
-        c[1].metric("tokens lost at preemption", k["tokens lost"],
+        c[1].metric("tokens evicted", k["tokens lost"],
                     help="tokens whose K/V the victims held when they were evicted")
         c[2].metric("tokens recomputed", k["tokens recomputed"],
                     help="prefilled again on return (blocks still in the prefix cache are not recomputed)")
@@ -127,10 +128,12 @@ def side(mode: str, step: int) -> None:
                 hline=(reserve, f"watermark reserve: {reserve} block{'s' if reserve != 1 else ''}"),
                 current_x=step, height=260, markers=False)
     st.plotly_chart(fig, width="stretch", key=f"{KEY}_free_{mode}", config={"displayModeBar": False})
-    rows = preemption_rows(rec)
+    rows = preemption_lines(rec)
     st.markdown(f"**{mode}: preemptions, and why each victim**")
     if rows:
-        st.dataframe(rows, hide_index=True, width="stretch")
+        st.markdown("\n".join(f"- {r}" for r in rows))
+        st.caption("The scheduler keeps first-come-first-served order and evicts from the back: the most recently "
+                   "admitted sequence goes first, so the oldest requests keep running, finish and free their blocks.")
     else:
         st.caption("No preemption: with these settings the spike fits (or waits in the queue).")
 
@@ -170,6 +173,8 @@ def compare(step: int) -> None:
                 "Measured time of each engine step (ms): spikes are prefills, including recomputation",
                 "engine step", "milliseconds", colors=ALLOCATOR_COLORS, current_x=step, height=300, markers=False)
     st.plotly_chart(fig, width="stretch", key=f"{KEY}_steptime", config={"displayModeBar": False})
+    st.caption("Wall-clock times are measured on this machine and vary from run to run when it is busy; the bytes, "
+               "blocks and token counts above do not.")
 
 
 def outputs_table() -> None:

@@ -1,0 +1,166 @@
+"""The README table: the latest result of every benchmark in ``benchmarks/results``, as markdown.
+
+    .venv/bin/python benchmarks/report.py            # rewrites benchmarks/README_TABLE.md
+
+``python -m pagedkv_core bench`` rewrites it after every run.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TABLE = Path(__file__).resolve().parent / "README_TABLE.md"
+ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "gpu_engine", "gpu_kernels")
+
+
+def load_results(results_dir: Path = RESULTS) -> dict[str, dict]:
+    out = {}
+    for path in sorted(Path(results_dir).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict):
+            out[path.stem] = data
+    return out
+
+
+def _verdict(ok) -> str:
+    return "pass" if ok else "**MISS**"
+
+
+def _x(v) -> str:
+    return f"{v:.2f}x" if isinstance(v, (int, float)) else str(v)
+
+
+def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
+    """(benchmark, measured, target, verdict) rows for one result."""
+    rows = []
+    if name == "allocation":
+        for wl, s in r.get("summary_block16", {}).items():
+            rows.append((f"allocation `{wl}`: paged (block 16) vs contiguous",
+                         f"token utilization {s['paged16_token_utilization']:.1%} vs {s['contiguous_token_utilization']:.1%}; "
+                         f"peak concurrency {s['paged16_peak_running']} vs {s['contiguous_peak_running']}; "
+                         f"steps {s['paged16_steps']} vs {s['contiguous_steps']}", "reported", "-"))
+        return rows
+    if name == "throughput":
+        m = r["main"]
+        v = m["variants"]
+        p = v["pagedkv_paged"]
+        cpu = m["ratios"]["cpu_time"]
+        for key, other, label in (("paged_vs_generate_batch", "hf_generate_batch", "transformers `generate_batch`"),
+                                  ("paged_vs_static_batch", "hf_static_batch", "transformers static batch")):
+            t = next(t for t in r["targets"] if t["name"].startswith("paged / hf " + ("generate" if "generate" in key else "static")))
+            rows.append((f"throughput: pagedkv paged vs {label}",
+                         f"{_x(m['ratios'][key])} ({p['useful_tokens_per_s']:.1f} vs {v[other]['useful_tokens_per_s']:.1f} useful tok/s; "
+                         f"per CPU second {_x(cpu[key])})", t["target"].replace(">=", "≥") + "x", _verdict(t["pass"])))
+        if "hf_one_at_a_time" in v:
+            rows.append(("throughput: pagedkv paged vs transformers one at a time",
+                         f"{_x(m['ratios']['paged_vs_one_at_a_time'])} ({v['hf_one_at_a_time']['useful_tokens_per_s']:.1f} useful tok/s)",
+                         "reported", "-"))
+        rows.append(("throughput: pagedkv contiguous (same 2,048 slots)",
+                     f"{v['pagedkv_contiguous']['useful_tokens_per_s']:.1f} useful tok/s (paged {_x(m['ratios']['paged_vs_contiguous'])})",
+                     "reported", "-"))
+        ident = m["token_identity_vs_hf_static_batch"]
+        bad = {k: len(x["mismatches"]) for k, x in ident.items() if not x["identical"]}
+        rows.append(("throughput: greedy outputs token-identical to transformers static batch",
+                     "all 16 prompts, every variant" if not bad else
+                     "; ".join(f"{k}: {n} of 16 differ" for k, n in bad.items()), "identical", _verdict(not bad)))
+        if "tight" in r:
+            t = r["tight"]
+            tt = next(x for x in r["targets"] if x["name"].startswith("tight"))
+            rows.append((f"throughput, tight budget ({t['setup']['requests']} requests, {t['setup']['pool_slots']:,} slots, "
+                         f"max_tokens {t['setup']['max_tokens']}): paged vs contiguous",
+                         f"{_x(t['paged_vs_contiguous'])} ({t['paged']['useful_tokens_per_s']:.1f} vs "
+                         f"{t['contiguous']['useful_tokens_per_s']:.1f} useful tok/s; per CPU second "
+                         f"{_x(t['paged_vs_contiguous_cpu_time'])}; mean running {t['paged']['mean_running']} vs "
+                         f"{t['contiguous']['mean_running']})", tt["target"].replace(">=", "≥") + "x", _verdict(tt["pass"])))
+        mem = v["pagedkv_paged"]["peak_rss_mb"]
+        rows.append(("throughput: peak RSS of the shared benchmark process", f"{mem:.0f} MB (all variants, one process)",
+                     "reported", "-"))
+        return rows
+    if name == "overhead":
+        for kind in ("decode", "prefill"):
+            s = r.get(kind)
+            if not s:
+                continue
+            for base, label in (("bare_pagedkv", "our bare forward"), ("bare_transformers", "transformers' bare forward")):
+                t = next(x for x in r["targets"] if x["name"].startswith(kind) and base.replace("_", " ") in x["name"])
+                rows.append((f"overhead: {kind} step vs {label}",
+                             f"{_x(s['engine_vs_' + base])} ({s['engine_step_ms']:.1f} vs {s[base + '_forward_ms']:.1f} ms per step)",
+                             "≤ 1.10x", _verdict(t["pass"])))
+        return rows
+    if name == "prefix":
+        t = {x["name"]: x for x in r["targets"]}
+        rows.append(("prefix: prefill tokens computed for B / its prompt",
+                     f"{r['B_prefill_fraction']:.1%} ({r['B_prefill_tokens_computed']} of {r['B_prompt_tokens']})", "≤ 10%",
+                     _verdict(t["prefill tokens computed for B / B's prompt"]["pass"])))
+        rows.append(("prefix: TTFT(B) / TTFT(A), 600-token shared system prompt",
+                     f"{_x(r['ttft_B_over_A'])} ({r['ttft_B_ms']:.0f} vs {r['ttft_A_ms']:.0f} ms)", "≤ 0.25x",
+                     _verdict(t["TTFT(B) / TTFT(A)"]["pass"])))
+        return rows
+    if name == "simulator":
+        t = r["targets"][0]
+        rows.append(("simulator: steps/s, 2,048 slots, 40 live requests, snapshots on",
+                     f"{r['paged_steps_per_s_median']:,.0f} (median of {r['setup']['repeats']}; best {r['paged_steps_per_s_best']:,.0f})",
+                     "≥ 2,000", _verdict(t["pass"])))
+        return rows
+    if name == "memory":
+        t = r["targets"][0]
+        rows.append(("memory: peak RSS of `generate`, 2,048-slot pool, fresh process",
+                     f"{r['peak_rss_bytes'] / 1e9:.2f} GB ({r['peak_rss_bytes'] / 2**30:.2f} GiB)"
+                     + (f"; {r['with_plain_linears']['peak_rss_bytes'] / 1e9:.2f} GB without the pre-packed weight copies"
+                        if "with_plain_linears" in r else ""), "≤ 1.5 GB", _verdict(t["pass"])))
+        return rows
+    if name.startswith("gpu"):
+        if r.get("skipped"):
+            rows.append((f"GPU: {name}", f"skipped: {r.get('reason', '')}", "see issue", "skipped"))
+        else:
+            rows.append((f"GPU: {name}", f"see `benchmarks/results/{name}.json` ({r.get('device') or r.get('machine', {}).get('gpu', 'GPU')})",
+                         "see issue", "reported"))
+        return rows
+    return rows
+
+
+def build_table(results: dict[str, dict], skipped: dict[str, str] | None = None, command: str = "python -m pagedkv_core bench") -> str:
+    skipped = dict(skipped or {})
+    names = [n for n in ORDER if n in results] + sorted(n for n in results if n not in ORDER)
+    dates = {n: str(results[n].get("date", "?")) for n in names}
+    machines = [results[n]["machine"] for n in names if isinstance(results[n].get("machine"), dict)]
+    machine = next((m for m in machines if m.get("torch_threads")), machines[0] if machines else {})
+    lines = ["| Benchmark | Measured | Target | Result |", "|---|---|---|---|"]
+    for n in names:
+        for b, m, t, v in _rows(n, results[n]):
+            lines.append(f"| {b} | {m} | {t} | {v} |")
+    if not any(n.startswith("gpu") for n in names):
+        why = skipped.get("gpu", "no CUDA device on the machine that ran the benchmarks")
+        lines.append(f"| GPU: `throughput` on CUDA in bf16 with the Triton kernels (256 requests) and the kernel figures "
+                     f"| not measured: {why} | see issue | skipped |")
+    latest = max(dates.values()) if dates else "?"
+    head = [
+        f"Latest benchmark figures ({latest[:10]}), measured with `{command}` "
+        f"(results in `benchmarks/results/*.json`).",
+        "",
+        f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores (shared with other jobs while measuring; "
+        f"1-minute load average {machine.get('load_average_1min', '?')}), {machine.get('platform', '?')}, "
+        f"Python {machine.get('python', '?')}, torch {machine.get('torch', '?')} on **one torch thread** "
+        f"(`torch.set_num_threads(1)`, for stable figures). Model: SmolLM2-135M-Instruct, fp32, CPU. "
+        "Figures that compare engines are ratios of variants measured side by side, interleaved, in one process.",
+        "",
+    ]
+    foot = ["", "Measured at: " + ", ".join(f"{n} {d}" for n, d in dates.items()) + "."]
+    return "\n".join(head + lines + foot) + "\n"
+
+
+def write_table(results_dir: Path = RESULTS, out: Path = TABLE, skipped: dict[str, str] | None = None,
+                command: str = "python -m pagedkv_core bench") -> Path:
+    text = build_table(load_results(results_dir), skipped, command)
+    out.write_text(text)
+    return out
+
+
+if __name__ == "__main__":
+    print(write_table().read_text())
+    sys.exit(0)

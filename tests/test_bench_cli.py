@@ -1,0 +1,92 @@
+"""``python -m pagedkv_core bench``: result files are written and well-formed; bad input exits 2.
+
+No timing assertions here: speed targets live in the benchmarks (``benchmarks/results``), never
+in timed tests. ``--quick`` runs tiny sizes into a temporary ``--out-dir`` so that the published
+results are never overwritten.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pagedkv_core.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench(*args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pagedkv_core", "bench", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def check_result(path: Path, name: str) -> dict:
+    data = json.loads(path.read_text())
+    assert data["benchmark"] == name
+    assert data["quick"] is True
+    assert data["command"].startswith("python -m pagedkv_core bench")
+    assert data["date"][:4].isdigit()
+    assert data["machine"]["cores"] >= 1 and data["machine"]["cpu"]
+    assert isinstance(data["targets"], list)
+    for t in data["targets"]:
+        assert set(t) >= {"name", "value", "target", "pass"} and isinstance(t["pass"], bool)
+    return data
+
+
+def test_quick_simulator_and_allocation_write_results(tmp_path):
+    proc = bench("simulator", "allocation", "--quick", "--out-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    sim = check_result(tmp_path / "simulator.json", "simulator")
+    assert sim["targets"] and sim["paged_steps_per_s_median"] > 0
+    assert {r["allocator"] for r in sim["closed_loop"]} == {"paged", "contiguous"}
+    alloc = check_result(tmp_path / "allocation.json", "allocation")
+    assert {r["workload"] for r in alloc["rows"]} == {"explainer40", "shared_preamble", "trickle"}
+    for r in alloc["rows"]:
+        assert 0.0 < r["mean_token_utilization"] <= 1.0 and r["finished"] + r["rejected"] == r["requests"]
+    table = (tmp_path / "README_TABLE.md").read_text()
+    assert "| Benchmark | Measured | Target | Result |" in table and "simulator" in table
+    assert "python -m pagedkv_core bench" in table and "one torch thread" in table
+    assert "skipped" in table  # GPU row without GPU results
+    assert "simulator" in proc.stdout and "allocation" in proc.stdout
+    assert not (tmp_path / "throughput.json").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["nope"], "unknown benchmark 'nope'"),
+    (["simulator", "--rounds", "0"], "--rounds must be >= 1"),
+])  # fmt: skip
+def test_bad_input_exits_2_with_one_line(capsys, args, needle):
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err
+
+
+def test_unknown_name_from_the_command_line():
+    proc = bench("allocation", "throughputt", timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "unknown benchmark 'throughputt'" in proc.stderr
+    assert proc.stdout == ""  # nothing ran
+
+
+@pytest.mark.slow
+def test_quick_model_benchmarks_write_results(tmp_path):
+    proc = bench("overhead", "prefix", "throughput", "memory", "gpu", "--quick", "--out-dir", str(tmp_path), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    thr = check_result(tmp_path / "throughput.json", "throughput")
+    assert set(thr["main"]["variants"]) == {"hf_one_at_a_time", "hf_static_batch", "hf_generate_batch",
+                                            "pagedkv_paged", "pagedkv_contiguous"}
+    assert {t["name"].split(" (")[0] for t in thr["targets"]} >= {"paged / hf generate_batch", "paged / hf static batch"}
+    assert "pagedkv_paged" in thr["main"]["token_identity_vs_hf_static_batch"]
+    assert thr["tight"]["paged"]["useful_tokens"] > 0
+    ov = check_result(tmp_path / "overhead.json", "overhead")
+    assert ov["decode"]["engine_step_ms"] > 0 and ov["prefill"]["steps_per_round"] == 1
+    pre = check_result(tmp_path / "prefix.json", "prefix")
+    assert pre["setup"]["system_prompt_tokens"] == 600 and pre["B_prefill_tokens_computed"] < pre["B_prompt_tokens"]
+    mem = check_result(tmp_path / "memory.json", "memory")
+    assert mem["peak_rss_bytes"] > mem["rss_by_phase_bytes"]["imports"]
+    assert (tmp_path / "README_TABLE.md").exists()
+    if "skipped" in proc.stdout:
+        assert not (tmp_path / "gpu_engine.json").exists()

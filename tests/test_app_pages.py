@@ -146,3 +146,19 @@ def test_reserve_or_page_guide_walks_through_fixed_steps():
     assert len(seen) >= 6 and seen[0] == 0 and seen == sorted(seen)
     _, snaps = engine_run("paged")
     assert seen[-1] == len(snaps) - 1  # the last step is where the paged run really ends
+
+
+def test_ops_guide_renders_every_step():
+    at = open_page("pages/ops.py")
+    at.toggle(key="ops_guide").set_value(True).run()
+    assert not at.exception
+    count = 0
+    while True:
+        count += 1
+        assert at.info and figure(at, "ops_kv") and figure(at, "ops_hist_contiguous")
+        nxt = at.button(key="ops_guide_next")
+        if nxt.disabled:
+            break
+        nxt.click().run()
+        assert not at.exception
+    assert count == 7

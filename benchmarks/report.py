@@ -140,8 +140,9 @@ def _notes(name: str, r: dict) -> str | None:
                 f"{c['peak_running']}) and needs {c['steps'] / p['steps']:.1f}x fewer steps, but its steps cost more: "
                 f"{p['ms_per_step']:.0f} ms at {p['mean_running']:.1f} sequences vs {c['ms_per_step']:.0f} ms at "
                 f"{c['mean_running']:.1f}, i.e. about {fixed:.0f} ms per step + {per_seq:.1f} ms per sequence. On this CPU the "
-                f"per-sequence part (fp32 matmul FLOPs, attention) is as large as the fixed part (reading the weights), so "
-                f"batching more sequences gains little; the 2.5x assumes a memory-bound decode, as on a GPU. Paged also "
+                f"per-sequence part (fp32 matmul FLOPs, attention) outweighs the fixed part (reading the weights) at these "
+                f"batch sizes, so running more sequences at once gains little; the 2.5x assumes a memory-bound decode, as on "
+                f"a GPU. Paged also "
                 f"recomputed {p['prefill_tokens_computed'] - p['prompt_tokens']:,} prefill tokens after {p['recomputes']} "
                 f"recompute preemptions.")
     if name == "memory":

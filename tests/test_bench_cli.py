@@ -73,7 +73,7 @@ def test_unknown_name_from_the_command_line():
 
 @pytest.mark.slow
 def test_quick_model_benchmarks_write_results(tmp_path):
-    proc = bench("overhead", "prefix", "throughput", "memory", "gpu", "--quick", "--out-dir", str(tmp_path), timeout=900)
+    proc = bench("overhead", "prefix", "throughput", "memory", "--quick", "--out-dir", str(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     thr = check_result(tmp_path / "throughput.json", "throughput")
     assert set(thr["main"]["variants"]) == {"hf_one_at_a_time", "hf_static_batch", "hf_generate_batch",
@@ -88,5 +88,14 @@ def test_quick_model_benchmarks_write_results(tmp_path):
     mem = check_result(tmp_path / "memory.json", "memory")
     assert mem["peak_rss_bytes"] > mem["rss_by_phase_bytes"]["imports"]
     assert (tmp_path / "README_TABLE.md").exists()
-    if "skipped" in proc.stdout:
-        assert not (tmp_path / "gpu_engine.json").exists()
+
+
+def test_gpu_is_skipped_with_the_reason_without_cuda(monkeypatch, capsys, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "gpu", "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: no CUDA device" in out
+    assert not list(tmp_path.glob("gpu*.json"))  # a skip never overwrites GPU results
+    assert "not measured: no CUDA device" in (tmp_path / "README_TABLE.md").read_text()

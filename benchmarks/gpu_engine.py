@@ -33,24 +33,7 @@ if str(ROOT) not in sys.path:
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_engine.json"
 T0 = time.perf_counter()
 
-CHAT_PROMPTS = [
-    "What is the capital of France?",
-    "Name three primary colours.",
-    "Explain what a CPU does in one sentence.",
-    "Give me a short tip for learning to cook.",
-    "Why is the sky blue?",
-    "Write a haiku about the sea.",
-    "What is 12 times 7?",
-    "Suggest a name for a friendly robot.",
-    "How do plants make food?",
-    "What does a librarian do?",
-    "List two benefits of walking every day.",
-    "What is the boiling point of water at sea level?",
-    "Describe a cat to someone who has never seen one.",
-    "Why do we have seasons?",
-    "What is a good way to start a story?",
-    "Translate 'good morning' into Spanish.",
-]
+from pagedkv_core.prompts import CHAT_PROMPTS  # noqa: E402  (the same 16 questions everywhere)
 VARIANTS = ["", " Answer briefly.", " Explain it to a child.", " Use an example.", " Be precise.",
             " Answer in a friendly tone.", " Give some background first.", " Then summarise.",
             " Answer in two parts.", " Mention a common mistake.", " Keep it simple.", " Add a fun fact.",

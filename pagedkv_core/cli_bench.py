@@ -30,6 +30,7 @@ BENCHMARKS = {
     "prefix": "600-token shared system prompt: B's prefill tokens and TTFT after A",
     "simulator": "scripted engine steps/s with snapshots on (2,048 slots, 40 live requests)",
     "memory": "peak RSS of LLM.generate in a fresh process, 2,048-slot pool",
+    "playback": "server time of one playback step of the Reserve-or-page page (2,048-slot pair of heatmaps)",
     "gpu": "CUDA: benchmarks/gpu_kernels.py and benchmarks/gpu_engine.py (skipped without a GPU)",
 }
 _MODEL_BENCHMARKS = ("throughput", "overhead", "prefix")  # share one loaded model

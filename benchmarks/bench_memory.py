@@ -61,7 +61,7 @@ def child(max_new_tokens: int) -> dict:
         "rss_by_phase_bytes": phases,
         "pool_bytes": llm.pool_info["bytes"],
         "swap_pool_slots": llm.pool_info["swap_slots"],
-        "hf_weight_bytes": sum(p.numel() * p.element_size() for p in llm.loaded.model.parameters()),
+        "runner_weight_bytes": llm.runner.model.weight_bytes,
         "tokens_generated": sum(len(o.outputs[0].token_ids) for o in outs),
         "requests": len(outs),
     }

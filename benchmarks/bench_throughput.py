@@ -238,11 +238,12 @@ def run(quick: bool = False, rounds: int = 3, max_new_tokens: int = 64, tight: b
     import torch
 
     from pagedkv_core.llm import LLM
+    from pagedkv_core.model.loader import load_model
 
     torch.set_num_threads(1)
     if quick:
         rounds, max_new_tokens = 1, 4
-    llm = llm or LLM(device="cpu", threads=1, pool_slots=POOL_SLOTS, block_size=BLOCK_SIZE, progress=lambda f, m: None)
+    llm = llm or LLM(device="cpu", threads=1, pool_slots=POOL_SLOTS, block_size=BLOCK_SIZE, loaded=load_model(progress=lambda f, m: None))  # keeps the transformers peer
     result = {"torch_threads": torch.get_num_threads(),
               "main": main_workload(llm, rounds, max_new_tokens, one_at_a_time=True, log=log)}
     if tight:

@@ -153,13 +153,13 @@ def _notes(name: str, r: dict) -> str | None:
     if name == "memory":
         plain = r.get("with_plain_linears", {}).get("peak_rss_bytes")
         ph = r.get("rss_by_phase_bytes", {})
-        return (f"**memory** ({r['peak_rss_bytes'] / 1e9:.2f} GB, target 1.5 GB): the weights are held twice. The transformers "
-                f"model's fp32 weights ({r.get('hf_weight_bytes', 0) / 1e6:.0f} MB, memory-mapped from the safetensors cache and "
-                f"resident once read) stay loaded next to the runner's oneDNN pre-packed copy of every linear (about the same "
-                f"size); torch and transformers take {ph.get('imports', 0) / 1e6:.0f} MB before the model loads, the KV pool and "
-                f"the host swap pool {2 * r.get('pool_bytes', 0) / 1e6:.0f} MB."
-                + (f" Without the packed copies (`PAGEDKV_CPU_LINEAR=plain`) the peak is {plain / 1e9:.2f} GB." if plain else "")
-                + " Fix: release (or never load) the transformers weights once the runner has its own copies.")
+        return (f"**memory** ({r['peak_rss_bytes'] / 1e9:.3f} GB, target 1.5 GB): the peak comes while the model loads, "
+                f"not while it generates ({r.get('peak_rss_sampled_during_generate_bytes', 0) / 1e9:.2f} GB during generate). "
+                f"`LLM` reads the 538 MB safetensors cache into memory of its own (not memory-mapped) so that the runner can "
+                f"free each layer's transformers weights as soon as it has packed its own copy (before that change both copies "
+                f"stayed resident: 1.81 GB); but transformers reads the file's bytes and builds the tensors from them, so the "
+                f"two briefly coexist, on top of {ph.get('imports', 0) / 1e6:.0f} MB of torch and transformers. Loading the "
+                f"weights tensor by tensor straight from the file would remove that transient.")
     return "; ".join(f"**{name}**: {t['name']} = {t['value']} (target {t['target']})" for t in missed) + \
         f" (see `benchmarks/results/{name}.json`)"
 

@@ -86,7 +86,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from .llm import LLM
 
             torch.set_num_threads(1)
-            shared["llm"] = LLM(device="cpu", threads=1, pool_slots=2048, block_size=16, progress=lambda f, m: None)
+            from .model.loader import load_model
+
+            # Loaded here and handed over, so that the transformers model stays usable: the
+            # benchmarks run it as the peer (an LLM that loads for itself frees those weights).
+            loaded = load_model(progress=lambda f, m: None)
+            shared["llm"] = LLM(device="cpu", threads=1, pool_slots=2048, block_size=16, loaded=loaded)
         return shared["llm"]
 
     for name in names:

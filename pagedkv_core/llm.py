@@ -148,10 +148,14 @@ class LLM:
         try:
             if runner is not None:  # share a runner (its weights) with another LLM or a page
                 loaded = runner.loaded
-            loaded = loaded if loaded is not None else load_model(model, progress=progress)
+            own = loaded is None  # loaded here, for this LLM alone: the runner may take over its weights
+            # Read into memory of its own (not memory-mapped), so the runner can free each layer's
+            # weights as it copies them: the two copies never coexist.
+            loaded = load_model(model, progress=progress, mmap=False) if own else loaded
             self.loaded = loaded
             self.tokenizer = loaded.tokenizer
-            self.runner = runner if runner is not None else ModelRunner(loaded, device=device, dtype=dtype, threads=threads)
+            self.runner = runner if runner is not None else ModelRunner(loaded, device=device, dtype=dtype,
+                                                                         threads=threads, release_source=own)
         except ValueError as exc:
             if isinstance(exc, ConfigError):
                 raise

@@ -138,7 +138,11 @@ def _rope_inv_freq(config) -> tuple[torch.Tensor, float]:
 class LlamaModel:
     """A Llama decoder as plain tensors with a forward over a flattened, paged batch."""
 
-    def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 release_source: bool = False):
+        """``release_source``: empty each transformers layer's parameters as soon as its weights are
+        copied here, so that the two copies never coexist in memory (the caller must not use
+        ``hf_model`` afterwards)."""
         cfg = hf_model.config
         self.config = cfg
         self.device = torch.device(device)
@@ -188,6 +192,12 @@ class LlamaModel:
                     down=Linear(t(m.down_proj.weight), t(m.down_proj.bias), pack),
                 )
             )
+            if release_source:
+                for p in layer.parameters():
+                    p.data = torch.empty(0, dtype=p.dtype)
+        if release_source:
+            for p in hf_model.parameters():  # the embedding, the final norm (and an untied head)
+                p.data = torch.empty(0, dtype=p.dtype)
         inv_freq, rope_scale = _rope_inv_freq(cfg)
         self.inv_freq = inv_freq.to(self.device)
         self.rope_scale = rope_scale
@@ -205,8 +215,9 @@ class LlamaModel:
             for lin in (lw.qkv, lw.o, lw.gate_up, lw.down):
                 tensors += lin.tensors()
         for x in tensors:
-            if x.data_ptr() not in seen:
-                seen.add(x.data_ptr())
+            key = id(x) if x.is_mkldnn else x.data_ptr()  # packed oneDNN tensors expose no data pointer
+            if key not in seen:
+                seen.add(key)
                 total += x.numel() * x.element_size()
         return total
 

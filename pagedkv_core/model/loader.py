@@ -146,11 +146,14 @@ def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
     progress(0.9, "cache written")
 
 
-def load_model(model: str | os.PathLike | None = None, *, progress: Progress | None = None) -> LoadedModel:
+def load_model(model: str | os.PathLike | None = None, *, progress: Progress | None = None,
+               mmap: bool = True) -> LoadedModel:
     """Load a Llama-family model and its tokenizer on the CPU in fp32.
 
     ``model``: None for the bundled SmolLM2, a ``.gguf`` file, or a transformers model directory.
     ``progress``: called with (fraction, message); a text bar on stderr when None.
+    ``mmap``: memory-map the safetensors file (the default). ``False`` reads every tensor into
+    memory of its own, so that a caller that copies the weights (the model runner) can free them.
     Raises :class:`ModelLoadError` with a one-line message for anything the user can fix.
     """
     progress = progress or _cli_progress
@@ -176,7 +179,8 @@ def load_model(model: str | os.PathLike | None = None, *, progress: Progress | N
         config = AutoConfig.from_pretrained(weights_dir, local_files_only=True)
         _check_architecture(config, source)
         tokenizer = AutoTokenizer.from_pretrained(weights_dir, local_files_only=True)
-        hf_model = AutoModelForCausalLM.from_pretrained(weights_dir, local_files_only=True, dtype="float32")
+        hf_model = AutoModelForCausalLM.from_pretrained(weights_dir, local_files_only=True, dtype="float32",
+                                                        disable_mmap=not mmap)
     except ModelLoadError:
         raise
     except Exception as exc:

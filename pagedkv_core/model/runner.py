@@ -68,9 +68,12 @@ class ModelRunner:
     ``loaded_model``: a :class:`pagedkv_core.model.loader.LoadedModel`. ``device``: "cpu",
     "cuda" or "auto". ``dtype``: None (fp32 on CPU, bf16 on CUDA), or a name / torch dtype.
     ``threads``: torch CPU threads (process-wide), None leaves torch's default.
+    ``release_source``: free the transformers model's layer weights once copied (the runner then
+    owns the only copy; ``loaded_model.model`` becomes None). For a model loaded for this runner alone.
     """
 
-    def __init__(self, loaded_model, device: str | torch.device | None = "cpu", dtype=None, threads: int | None = None):
+    def __init__(self, loaded_model, device: str | torch.device | None = "cpu", dtype=None, threads: int | None = None,
+                 release_source: bool = False):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if threads is not None:
@@ -82,7 +85,7 @@ class ModelRunner:
         hf = loaded_model.model
         self.config = hf.config
         with torch.no_grad():
-            self.model = LlamaModel(hf, self.device, self.dtype)
+            self.model = LlamaModel(hf, self.device, self.dtype, release_source=release_source)
         self.kv_shape = KVShape.from_config(self.config, name=getattr(loaded_model, "name", None))
         self.max_model_len = int(self.model.max_position)
         eos = getattr(getattr(hf, "generation_config", None), "eos_token_id", None)
@@ -91,6 +94,8 @@ class ModelRunner:
         eos_list = [int(e) for e in eos] if isinstance(eos, (list, tuple)) else ([] if eos is None else [int(eos)])
         self.eos_token_id: int | None = eos_list[0] if eos_list else None
         self.extra_eos_token_ids: tuple[int, ...] = tuple(eos_list[1:])  # more end tokens, for stop_token_ids
+        if release_source:
+            loaded_model.model = None  # its layers are empty now: nobody may run it
         self._salt = random.getrandbits(63)
         self.num_slots = 0
         self.num_host_slots = 0

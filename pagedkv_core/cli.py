@@ -11,6 +11,7 @@ value, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 from collections.abc import Callable
@@ -50,10 +51,9 @@ def add_engine_args(parser: argparse.ArgumentParser, pool_default: int | None = 
     g.add_argument("--seed", type=int, default=0, metavar="S", help="workload seed (default 0)")
 
 
-def config_from_args(args: argparse.Namespace, pool_slots: int | None = None, **overrides) -> EngineConfig:
-    """EngineConfig from the flags of :func:`add_engine_args`. Raises ConfigError."""
-    pool = args.pool_slots if args.pool_slots is not None else pool_slots
-    kwargs = dict(
+def engine_settings(args: argparse.Namespace) -> dict:
+    """The EngineConfig fields that the flags of :func:`add_engine_args` set (pool size aside)."""
+    return dict(
         block_size=args.block_size,
         watermark=args.watermark,
         preemption=args.preemption,
@@ -61,8 +61,14 @@ def config_from_args(args: argparse.Namespace, pool_slots: int | None = None, **
         prefix_caching=not args.no_prefix_caching,
         max_batch_tokens=args.max_batch_tokens,
         allocator=args.allocator,
-        seed=args.seed,
+        seed=args.seed if args.seed is not None else 0,
     )
+
+
+def config_from_args(args: argparse.Namespace, pool_slots: int | None = None, **overrides) -> EngineConfig:
+    """EngineConfig from the flags of :func:`add_engine_args`. Raises ConfigError."""
+    pool = args.pool_slots if args.pool_slots is not None else pool_slots
+    kwargs = engine_settings(args)
     if pool is not None:
         kwargs["pool_slots"] = pool
     kwargs.update(overrides)
@@ -163,3 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

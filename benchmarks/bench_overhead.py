@@ -71,15 +71,13 @@ def _hf_prefill_inputs(prompts, pad_id):
 def run(quick: bool = False, rounds: int = 3, max_new_tokens: int = 32, llm=None) -> dict:
     import torch
 
-    from benchmarks.common import chat_prompt_ids
-    from pagedkv_core.llm import LLM
-    from pagedkv_core.model.loader import load_model
+    from benchmarks.common import chat_prompt_ids, cpu_llm
     from pagedkv_core.sampling import SamplingParams
 
     torch.set_num_threads(1)
     if quick:
         rounds, max_new_tokens = 1, 4
-    llm = llm or LLM(device="cpu", threads=1, pool_slots=2048, block_size=16, loaded=load_model(progress=lambda f, m: None))  # keeps the transformers peer
+    llm = llm or cpu_llm(keep_transformers_model=True)
     runner, model, hf = llm.runner, llm.runner.model, llm.loaded.model
     prompts = chat_prompt_ids(llm.tokenizer)
     pad = llm.eos_token_id if llm.eos_token_id is not None else 0

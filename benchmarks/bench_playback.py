@@ -10,34 +10,31 @@ import time
 
 from benchmarks.common import print_table, write_result
 from pagedkv_core.config import EngineConfig
-from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
+from pagedkv_core.slot_state import SlotState
 from pagedkv_core.workloads import build_workload
-from pages.viz import pool_heatmap, slot_hover_text, step_curves
+from ui.figures import pool_heatmap, slot_hover_text, step_curves
+from ui.runs import Run, play_scripted
 
 TARGET_MS = 150.0
 
 
-def recorded_run(allocator: str):
-    engine = Engine(EngineConfig(allocator=allocator, pool_slots=2048, block_size=16), ScriptedSource())
-    build_workload("explainer40").submit(engine)
-    snaps = []
-    while engine.has_unfinished():
-        snaps.append(engine.step()[1])
-    return list(engine.requests), snaps
+def recorded_run(allocator: str) -> Run:
+    """The page's run: explainer40 played to the end, kept as the page keeps it."""
+    return play_scripted(EngineConfig(allocator=allocator, pool_slots=2048, block_size=16), build_workload("explainer40"),
+                         allocator)
 
 
-def playback_step(runs, step: int) -> int:
+def playback_step(runs: list[Run], step: int) -> int:
     """The work the page's fragment does for one step; returns the bytes sent to the browser."""
     sent = 0
-    for ids, snaps in runs:
-        snap = snaps[min(step, len(snaps) - 1)]
-        text = slot_hover_text(snap, ids)
+    for run in runs:
+        snap = run.at(step)
+        text = slot_hover_text(snap, run.request_ids)
         fig = pool_heatmap(snap.slot_state, snap.slot_owner, text, max(1, snap.block_size), "x",
-                           shared_mask=snap.slot_state == 4)
+                           shared_mask=snap.slot_state == SlotState.SHARED)
         sent += len(fig.to_json())
-    series = {f"{i}": [s.metrics.token_utilization for s in snaps] for i, (_, snaps) in enumerate(runs)}
-    sent += len(step_curves(range(max(len(s) for _, s in runs)), series, "t", "y", current_step=step).to_json())
+    series = {run.allocator: run.metric("token_utilization") for run in runs}
+    sent += len(step_curves(range(max(r.num_steps for r in runs)), series, "t", "y", current_step=step).to_json())
     return sent
 
 

@@ -88,13 +88,13 @@ def _serve(engine, rid, prompt, sp) -> dict:
 def run(quick: bool = False, rounds: int = 3, llm=None) -> dict:
     import torch
 
-    from pagedkv_core.llm import LLM
+    from benchmarks.common import cpu_llm
     from pagedkv_core.sampling import SamplingParams
 
     torch.set_num_threads(1)
     if quick:
         rounds = 1
-    llm = llm or LLM(device="cpu", threads=1, pool_slots=2048, block_size=16, progress=lambda f, m: None)
+    llm = llm or cpu_llm(keep_transformers_model=False)
     tok = llm.tokenizer
     system = system_prompt(tok)
     a_ids, b_ids = chat_ids(tok, system, QUESTION_A), chat_ids(tok, system, QUESTION_B)

@@ -23,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pagedkv_core.allocator import allocator_kind  # noqa: E402
 from pagedkv_core.config import EngineConfig  # noqa: E402
 from pagedkv_core.engine import Engine  # noqa: E402
 from pagedkv_core.sampling import SamplingParams  # noqa: E402
@@ -38,7 +39,7 @@ def closed_loop(allocator: str, steps: int, warmup: int = 200, block_size: int =
     """Steps/s with ``LIVE_REQUESTS`` requests live at every step."""
     rng = np.random.default_rng(seed)
     engine = Engine(EngineConfig(pool_slots=POOL_SLOTS, block_size=block_size, allocator=allocator), ScriptedSource())
-    max_tokens = 320 if allocator == "paged" else 40  # contiguous: let 40 reservations fit the pool
+    max_tokens = 320 if allocator_kind(allocator) == "paged" else 40  # contiguous: let 40 reservations fit the pool
     counter = 0
 
     def add() -> None:

@@ -37,10 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import CHAT_PROMPTS, chat_prompt_ids, peak_rss, rss_bytes, useful_tokens  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CHAT_PROMPTS, CPU_BLOCK_SIZE, CPU_POOL_SLOTS, chat_prompt_ids, peak_rss, rss_bytes, useful_tokens,
+)
 
-POOL_SLOTS = 2048
-BLOCK_SIZE = 16
+POOL_SLOTS, BLOCK_SIZE = CPU_POOL_SLOTS, CPU_BLOCK_SIZE  # the pool every real-model benchmark uses
 CB_CONFIG = {"num_blocks": 128, "block_size": 16, "max_batch_tokens": 1024}
 TIGHT_POOL = 4096
 TIGHT_MAX_TOKENS = 256
@@ -237,13 +238,12 @@ def tight_workload(llm, max_tokens: int = TIGHT_MAX_TOKENS, num_requests: int = 
 def run(quick: bool = False, rounds: int = 3, max_new_tokens: int = 64, tight: bool = True, llm=None, log=print) -> dict:
     import torch
 
-    from pagedkv_core.llm import LLM
-    from pagedkv_core.model.loader import load_model
+    from benchmarks.common import cpu_llm
 
     torch.set_num_threads(1)
     if quick:
         rounds, max_new_tokens = 1, 4
-    llm = llm or LLM(device="cpu", threads=1, pool_slots=POOL_SLOTS, block_size=BLOCK_SIZE, loaded=load_model(progress=lambda f, m: None))  # keeps the transformers peer
+    llm = llm or cpu_llm(keep_transformers_model=True)
     result = {"torch_threads": torch.get_num_threads(),
               "main": main_workload(llm, rounds, max_new_tokens, one_at_a_time=True, log=log)}
     if tight:

@@ -17,6 +17,27 @@ RESULTS = Path(__file__).resolve().parent / "results"
 from pagedkv_core.prompts import CHAT_PROMPTS  # noqa: E402  (the same 16 questions everywhere)
 
 
+CPU_POOL_SLOTS = 2048  # every real-model benchmark's pool: 2,048 slots in blocks of 16
+CPU_BLOCK_SIZE = 16
+
+
+def cpu_llm(keep_transformers_model: bool = True):
+    """The LLM the real-model benchmarks run: the CPU, one torch thread, the pool above.
+
+    ``keep_transformers_model``: load the model here and hand it over, so that the transformers
+    model stays usable as the peer the benchmark compares against (an LLM that loads for itself
+    frees those weights as it copies them)."""
+    import torch
+
+    from pagedkv_core.llm import LLM
+    from pagedkv_core.model.loader import load_model
+
+    torch.set_num_threads(1)
+    quiet = lambda f, m: None  # noqa: E731
+    loaded = load_model(progress=quiet) if keep_transformers_model else None
+    return LLM(device="cpu", threads=1, pool_slots=CPU_POOL_SLOTS, block_size=CPU_BLOCK_SIZE, loaded=loaded, progress=quiet)
+
+
 def chat_prompt_ids(tokenizer, prompts=CHAT_PROMPTS) -> list[list[int]]:
     ids = []
     for p in prompts:

@@ -12,6 +12,12 @@ The engine calls the functions below. They dispatch per call on the tensors' dev
   ``TRITON_INTERPRET=1`` in the environment before the kernels are first used.
 
 Choose with :func:`set_backend` or the ``PAGEDKV_KERNELS`` environment variable.
+
+A model forward runs the same attention and the same scatter in every layer of a step, with the
+same block tables and slot mapping. :func:`decode_attention` and :func:`cache_writer` take those
+once per step and return a callable to run per layer: on the references the indices are
+validated and built on the first layer only (:class:`reference.PagedDecode`,
+:class:`reference.CacheWrite`); on Triton each call is the ordinary, fully checked launch.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ from .reference import gather_kv
 __all__ = [
     "paged_attention_decode",
     "reshape_and_cache",
+    "decode_attention",
+    "cache_writer",
     "copy_blocks",
     "swap_blocks",
     "gather_kv",
@@ -126,6 +134,33 @@ def reshape_and_cache(
     """Write ``key``/``value [num_tokens, num_kv_heads, head_dim]`` into the pools at
     ``slot_mapping`` (``slot = block_id * block_size + offset``; -1 skips the token)."""
     return _impl(key).reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
+
+
+def decode_attention(block_tables: torch.Tensor, context_lens: torch.Tensor):
+    """One step's decode attention, to call once per layer as
+    ``attend(q, k_cache, v_cache, scale=None, out=None)`` (the arguments of
+    :func:`paged_attention_decode` less the block tables and context lengths given here)."""
+    impl = _impl(block_tables)
+    if impl is reference:
+        return reference.PagedDecode(block_tables, context_lens)
+
+    def attend(q, k_cache, v_cache, scale=None, out=None):
+        return impl.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+
+    return attend
+
+
+def cache_writer(slot_mapping: torch.Tensor):
+    """One step's slot-mapping scatter, to call once per layer as
+    ``write(key, value, k_cache, v_cache)`` (see :func:`reshape_and_cache`)."""
+    impl = _impl(slot_mapping)
+    if impl is reference:
+        return reference.CacheWrite(slot_mapping)
+
+    def write(key, value, k_cache, v_cache):
+        return impl.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
+
+    return write
 
 
 def copy_blocks(

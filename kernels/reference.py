@@ -22,10 +22,13 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from . import checks
 
 __all__ = [
+    "PagedDecode",
+    "CacheWrite",
     "paged_attention_decode",
     "reshape_and_cache",
     "copy_blocks",
@@ -60,6 +63,88 @@ def gather_kv(
     return k, v
 
 
+class PagedDecode:
+    """Decode attention of one step's batch, run once per layer.
+
+    Every layer of a decode step attends through the same block tables and context lengths, so
+    they are validated, and turned into gather indices and a padding mask, once: on the first
+    call. Each call (one layer: its query and its pools, of the shape the first call saw)
+    gathers the used K/V slots of every sequence in one ``index_select`` per pool and runs one
+    ``scaled_dot_product_attention`` over all sequences: the ``group`` query heads that share a
+    KV head are presented as ``group`` queries of that head (a view of ``q``, no repeat), and the
+    gathered ``[S, T, Hkv, D]`` K/V are viewed head-major without a copy.
+
+    Padding positions (past a context, up to the longest) are masked out of the softmax and
+    gather the sequence's own first slot instead of whatever the table or the pool holds there,
+    so a poisoned slot (stale data, NaN) never reaches ``P @ V``; a sequence with context 0 gets
+    zeros.
+    """
+
+    def __init__(self, block_tables: torch.Tensor, context_lens: torch.Tensor):
+        self.block_tables = block_tables
+        self.context_lens = context_lens
+        self._layout = None  # (q shape, cache shape, dtype, device) of the first call
+        self._slots = self._mask = self._empty = None
+        self._max_ctx = 0
+
+    def _plan(self, q, k_cache, v_cache, out) -> None:
+        self._max_ctx = max_ctx = checks.check_paged_attention(
+            q, k_cache, v_cache, self.block_tables, self.context_lens, out)
+        self._layout = (tuple(q.shape), tuple(k_cache.shape), q.dtype, q.device)
+        if q.shape[0] == 0 or max_ctx == 0:
+            return
+        block_size = k_cache.shape[1]
+        dev = q.device
+        lens = self.context_lens.to(dtype=torch.long)
+        pos = torch.arange(max_ctx, device=dev)
+        table = self.block_tables[:, : -(-max_ctx // block_size)].to(dtype=torch.long)
+        slots = table[:, pos // block_size] * block_size + pos % block_size  # [S, T]
+        valid = pos[None, :] < lens[:, None]
+        empty = lens == 0
+        # padding reads the sequence's first slot (slot 0 for an empty one): in range and finite
+        first = torch.where(empty, 0, slots[:, 0])
+        self._slots = torch.where(valid, slots, first[:, None]).reshape(-1)
+        if bool(empty.any()):
+            self._empty = empty
+            valid[empty, 0] = True  # keep the softmax of an empty row finite; its output is zeroed
+        if not bool(valid.all()):
+            self._mask = valid[:, None, None, :]  # [S, 1, 1, T], broadcast over heads and the group
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self._layout is None:
+            self._plan(q, k_cache, v_cache, out)
+        elif ((tuple(q.shape), tuple(k_cache.shape), q.dtype, q.device) != self._layout
+              or v_cache.shape != k_cache.shape or v_cache.dtype != q.dtype or k_cache.dtype != q.dtype
+              or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or q.stride(2) != 1):
+            raise ValueError("PagedDecode: every layer must pass q and pools of the shape, dtype and "
+                             "device of the first call (contiguous pools)")
+        num_seqs, num_heads, head_dim = q.shape
+        _, _, num_kv_heads, _ = k_cache.shape
+        if out is None:
+            out = torch.empty_like(q)
+        elif out.shape != q.shape or out.dtype != q.dtype:
+            raise ValueError(f"out must match q ({tuple(q.shape)}, {q.dtype})")
+        if num_seqs == 0:
+            return out
+        if self._max_ctx == 0:
+            return out.zero_()
+        if scale is None:
+            scale = 1.0 / math.sqrt(head_dim)
+        T = self._max_ctx
+
+        def gather(cache: torch.Tensor) -> torch.Tensor:  # [S, Hkv, T, D], a view of the gather
+            flat = cache.view(-1, num_kv_heads, head_dim)
+            return flat.index_select(0, self._slots).view(num_seqs, T, num_kv_heads, head_dim).transpose(1, 2)
+
+        qg = q.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        o = F.scaled_dot_product_attention(qg, gather(k_cache), gather(v_cache), attn_mask=self._mask, scale=scale)
+        out.copy_(o.view(num_seqs, num_heads, head_dim))
+        if self._empty is not None:
+            out.masked_fill_(self._empty[:, None, None], 0.0)
+        return out
+
+
 def paged_attention_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -69,70 +154,48 @@ def paged_attention_decode(
     scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Single-token (decode) attention of each sequence over its paged K/V.
+    """Single-token (decode) attention of each sequence over its paged K/V: one layer's
+    :class:`PagedDecode`. Returns ``out`` (allocated like ``q`` if None)."""
+    return PagedDecode(block_tables, context_lens)(q, k_cache, v_cache, scale, out)
 
-    Vectorized: the used prefix of every block table is gathered (one ``index_select`` per
-    pool) into a padded, head-major ``[num_kv_heads, num_seqs, max_ctx, head_dim]`` K/V;
-    scores are computed in fp32 for all query heads of a KV group at once (a reshape, no
-    repeat), padded positions are masked, and a sequence with context 0 gets zeros. Returns ``out`` (allocated like ``q`` if None).
+
+class CacheWrite:
+    """The slot-mapping scatter of one step, run once per layer.
+
+    The slot mapping is validated (and its skipped ``-1`` entries filtered) once, on the first
+    call; every call then writes that layer's ``key``/``value [num_tokens, num_kv_heads,
+    head_dim]`` into its pools with one ``index_copy_`` each.
     """
-    max_ctx = checks.check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, out)
-    num_seqs, num_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
-    group = num_heads // num_kv_heads
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    if out is None:
-        out = torch.empty_like(q)
-    if num_seqs == 0:
-        return out
 
-    if max_ctx == 0:
-        out.zero_()
-        return out
-    lens = context_lens.to(dtype=torch.long)
-    n = -(-max_ctx // block_size)
-    bt = block_tables[:, :n].to(dtype=torch.long)
-    # Entries past a sequence's own prefix may hold anything (padding): point them at block
-    # 0; the positions they cover are masked below.
-    used = torch.arange(n, device=bt.device) * block_size < lens[:, None]
-    bt = torch.where(used, bt, torch.zeros_like(bt))
-    # flat slot of every (sequence, position < max_ctx)
-    slots = (bt[:, :, None] * block_size + torch.arange(block_size, device=bt.device)).reshape(num_seqs, -1)
-    slots = slots[:, :max_ctx].reshape(-1)
+    def __init__(self, slot_mapping: torch.Tensor):
+        self.slot_mapping = slot_mapping
+        self._layout = None
+        self._rows = self._idx = None
 
-    # One gather per pool straight into a head-major, contiguous [Hkv, S, T, D] (the batch
-    # order of the matmuls does not matter, so q is permuted instead of K/V).
-    # (Gather along the pool's leading, contiguous dim and permute the small result: an
-    # index_select along dim 1 of the transposed pool copied the whole pool every call, so a
-    # decode step cost O(pool size) instead of O(context).)
-    def gather(cache: torch.Tensor) -> torch.Tensor:
-        flat = cache.view(num_blocks * block_size, num_kv_heads, head_dim)
-        x = flat.index_select(0, slots).view(num_seqs, max_ctx, num_kv_heads, head_dim)
-        return x.permute(2, 0, 1, 3).to(dtype=torch.float32, memory_format=torch.contiguous_format)
-
-    k = gather(k_cache)
-    v = gather(v_cache)
-    pad = torch.arange(max_ctx, device=q.device)[None, :] >= lens[:, None]  # [S, T]
-    # Slots past a context (the tail of its last block, other sequences' padding) may hold
-    # anything, NaN included: keep them out of P @ V, not only out of the softmax.
-    if v.device.type == "cpu":
-        for i, length in enumerate(context_lens.tolist()):
-            if length < max_ctx:
-                v[:, i, length:].zero_()
-    else:
-        v.masked_fill_(pad[None, :, :, None], 0.0)
-
-    qg = q.float().reshape(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1)  # [Hkv, S, G, D]
-    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [Hkv, S, G, T]
-    scores.masked_fill_(pad[None, :, None, :], float("-inf"))
-    m = scores.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # context 0: all -inf
-    p = torch.exp(scores - m)
-    denom = p.sum(dim=-1, keepdim=True)
-    o = torch.matmul(p, v) / torch.where(denom > 0, denom, torch.ones_like(denom))  # [Hkv, S, G, D]
-    out.copy_(o.transpose(0, 1).reshape(num_seqs, num_heads, head_dim))
-    return out
+    def __call__(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        layout = (tuple(key.shape), tuple(k_cache.shape), key.dtype, key.device)
+        if self._layout is None:
+            checks.check_reshape_and_cache(key, value, k_cache, v_cache, self.slot_mapping)
+            self._layout = layout
+            slots = self.slot_mapping.to(device=k_cache.device, dtype=torch.long)
+            keep = slots >= 0
+            if bool(keep.all()):
+                self._idx = slots
+            else:
+                self._rows = keep.nonzero().squeeze(1)
+                self._idx = slots.index_select(0, self._rows)
+        elif (layout != self._layout or value.shape != key.shape or v_cache.shape != k_cache.shape
+              or {value.dtype, k_cache.dtype, v_cache.dtype} != {key.dtype}
+              or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
+            raise ValueError("CacheWrite: every layer must pass keys and pools of the shape, dtype and "
+                             "device of the first call (contiguous pools)")
+        if key.shape[0] == 0 or self._idx.numel() == 0:
+            return
+        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+        if self._rows is not None:
+            key, value = key.index_select(0, self._rows), value.index_select(0, self._rows)
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self._idx, key)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self._idx, value)
 
 
 def reshape_and_cache(
@@ -143,18 +206,9 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into the pools at
-    ``slot_mapping`` (``slot = block_id * block_size + offset``); slot -1 is skipped."""
-    checks.check_reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
-    if key.shape[0] == 0:
-        return
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    slots = slot_mapping.to(device=k_cache.device, dtype=torch.long)
-    keep = slots >= 0
-    idx = slots[keep]
-    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
-    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-    k_flat.index_copy_(0, idx, key[keep])
-    v_flat.index_copy_(0, idx, value[keep])
+    ``slot_mapping`` (``slot = block_id * block_size + offset``); slot -1 is skipped. One
+    layer's :class:`CacheWrite`."""
+    CacheWrite(slot_mapping)(key, value, k_cache, v_cache)
 
 
 def copy_blocks(

@@ -11,6 +11,7 @@ then a run of consecutive slot ids, so one attention path serves both allocators
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,7 +28,7 @@ class SeqWork:
     token_ids: list[int]  # tokens whose K/V this step computes (a prefill chunk, or 1 for decode)
     start_pos: int  # position of token_ids[0] (= tokens whose K/V were already in the pool)
     slots: list[int]  # flat slot for each of token_ids (len(slots) == len(token_ids))
-    block_table: list[int]  # physical block ids covering positions [0, context_len)
+    block_table: Sequence[int]  # physical block ids covering positions [0, context_len) (a range for contiguous)
     num_samples: int  # 0: a prefill chunk that samples nothing; 1: next token; n>1: fork into n
     sampling: SamplingParams
     num_output_tokens: int  # output tokens this sequence already has (the next one is at this index)

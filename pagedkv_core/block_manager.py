@@ -11,7 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from .block_pool import Block, BlockPool, HostPool
-from .config import EngineConfig
+from .changes import ChangeLog
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import EngineConfig
 from .events import ALLOCATE, APPEND, CACHE_HIT, COW, FORK, Event
 from .prefix_hash import NO_HASH, extend_block_hashes
 from .sequence import Sequence
@@ -33,12 +37,17 @@ def cdiv(a: int, b: int) -> int:
 class BlockManager:
     """Paged KV allocator (block tables, prefix cache, fork, copy-on-write, swap)."""
 
+    name = "paged"
     kind = "paged"
-    supports_preemption = True
+    supports_swap = True
     supports_fork = True
+    reports_fragmentation = False
+    fragmented_slots = 0  # blocks need no consecutive run: no external fragmentation
+    largest_free_run = 0
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None):
         self.block_size = bs = config.block_size
+        self.max_model_len = config.max_model_len if max_model_len is None else max_model_len
         self.num_blocks = nb = config.num_blocks
         self.num_slots = nb * bs
         self.enable_caching = config.prefix_caching
@@ -52,8 +61,9 @@ class BlockManager:
         self.filled_slots = 0  # written slots in blocks that someone references
         self.hit_tokens = 0
         self.queried_tokens = 0
-        self.events: list[Event] = []
-        # Display arrays, updated in place.
+        self.events = [] if events is None else events
+        self.changes = ChangeLog(bs)
+        # Display arrays, updated in place; every write marks its block in ``changes``.
         self.slot_state = np.zeros(self.num_slots, dtype=np.int8)
         self.slot_owner = np.full(self.num_slots, -1, dtype=np.int32)
         self.slot_token = np.full(self.num_slots, -1, dtype=np.int32)
@@ -81,11 +91,21 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
+    @property
+    def host_used_blocks(self) -> int:
+        return self.host.num_used_blocks
+
+    def take_changes(self):
+        return self.changes.take()
+
     def block_table(self, seq: Sequence, context_len: int | None = None) -> list[int]:
         table = self.tables.get(seq.seq_id, [])
         if context_len is None:
             return list(table)
         return table[: cdiv(context_len, self.block_size)]
+
+    def table_view(self, seq: Sequence, context_len: int) -> list[int]:
+        return self.tables[seq.seq_id][: cdiv(context_len, self.block_size)]
 
     def num_blocks_of(self, seq: Sequence) -> int:
         return len(self.tables.get(seq.seq_id, ()))
@@ -100,7 +120,7 @@ class BlockManager:
         return [table[p // bs] * bs + p % bs for p in range(start, start + count)]
 
     # ------------------------------------------------------------------ admission
-    def rejection_reason(self, prompt_len: int, max_tokens: int) -> str | None:
+    def rejection_reason(self, prompt_len: int, max_tokens: int, output_len: int | None = None) -> str | None:
         need = cdiv(prompt_len + 1, self.block_size)
         if need > self.num_blocks:
             return (
@@ -108,6 +128,12 @@ class BlockManager:
                 f"{self.block_size} slots, but the pool has only {self.num_blocks} blocks"
             )
         return None
+
+    def admission_slots(self, seq: Sequence) -> int:
+        return cdiv(seq.num_tokens, self.block_size) * self.block_size
+
+    def update_fragmentation(self, next_need: int) -> None:
+        """Nothing to do: any free block serves any sequence."""
 
     def exceeds_pool(self, seq: Sequence) -> bool:
         """True when the sequence's tokens could not fit even in an empty pool."""
@@ -142,6 +168,7 @@ class BlockManager:
         fresh = [self._new_block(seq) for _ in range(num_new)]
         table.extend(fresh)
         self.tables[seq.seq_id] = table
+        self.changes.table(seq.seq_id)
         cached_tokens = len(hits) * bs
         seq.num_computed = cached_tokens
         if self.enable_caching:
@@ -188,6 +215,7 @@ class BlockManager:
             self.filled_slots += n
             self.slot_token[dst * bs : dst * bs + n] = self.slot_token[src * bs : src * bs + n]
             table[j] = dst
+            self.changes.table(seq.seq_id)
             self._drop(seq, self.pool.blocks[src])
             self._refresh(dst)
             copies.append((src, dst))
@@ -196,6 +224,7 @@ class BlockManager:
         if new > 0:
             fresh = [self._new_block(seq) for _ in range(new)]
             table.extend(fresh)
+            self.changes.table(seq.seq_id)
             self.events.append(Event(APPEND, seq.seq_id, rid, {"blocks": fresh}))
         return copies
 
@@ -212,6 +241,7 @@ class BlockManager:
             if fill[b] != off or self.pool.blocks[b].ref_count != 1:
                 raise RuntimeError(f"block {b}: bad write at offset {off} (fill {fill[b]})")
             slot = b * bs + off
+            self.changes.block_and_slot(b, slot)
             self.slot_token[slot] = tokens[start]
             self.slot_state[slot] = _FILLED
             if off == 0:
@@ -231,6 +261,7 @@ class BlockManager:
             base = b * bs
             hi = min(end, (j + 1) * bs)
             lo_off, hi_off = pos - j * bs, hi - j * bs
+            self.changes.block(b)
             if fill[b] != lo_off:
                 raise RuntimeError(f"block {b}: writing at offset {lo_off} but {fill[b]} slots are filled")
             if self.pool.blocks[b].ref_count != 1:
@@ -258,6 +289,7 @@ class BlockManager:
         for b in table:
             self._take(child, self.pool.blocks[b])
         self.tables[child.seq_id] = table
+        self.changes.table(child.seq_id)
         child.num_computed = parent.num_computed
         child.block_hashes = list(parent.block_hashes)
         self.events.append(
@@ -267,6 +299,7 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references, tail block first (so it is evicted first)."""
         table = self.tables.pop(seq.seq_id, None)
+        self.changes.table(seq.seq_id)
         if table:
             blocks = self.pool.blocks
             for b in reversed(table):
@@ -299,6 +332,7 @@ class BlockManager:
         need = cdiv(seq.num_tokens, self.block_size)
         table = [self._new_block(seq) for _ in range(need)]
         self.tables[seq.seq_id] = table
+        self.changes.table(seq.seq_id)
         pairs = list(zip(host, table))
         for h in host:
             self.host.free(h)
@@ -307,13 +341,11 @@ class BlockManager:
             self.mark_written(seq, 0, computed)
         return pairs
 
-    def host_blocks_of(self, seq: Sequence) -> list[int]:
-        return list(self.host_tables.get(seq.seq_id, ()))
-
     # ------------------------------------------------------------------ block bookkeeping
     def _new_block(self, seq: Sequence) -> int:
         block = self.pool.allocate()
         b, bs = block.block_id, self.block_size
+        self.changes.block(b)
         self.holders[b] = [seq]
         self.fill[b] = 0
         self.block_fill[b] = 0
@@ -358,6 +390,7 @@ class BlockManager:
         bs = self.block_size
         base = b * bs
         n = self.fill[b]
+        self.changes.block(b)
         ref = block.ref_count
         if ref == 0:
             code = _CACHED if block.block_hash != NO_HASH else _FREE

@@ -103,7 +103,7 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[int, Block] = {}
-        self.block_ref = np.zeros(num_blocks, dtype=np.int16)
+        self.block_ref = np.zeros(num_blocks, dtype=np.int32)  # ref counts can pass 32,767 at 1M slots
         self.block_hash = np.zeros(num_blocks, dtype=np.int64)
 
     @property

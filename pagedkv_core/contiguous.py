@@ -1,7 +1,9 @@
 """The baseline: one contiguous reservation of prompt_len + max_tokens slots per sequence.
 
-Reservations are placed first fit over the slot array at admission and never grow, move or
-share. The tail a sequence never reaches is allocated-but-empty (internal fragmentation);
+This is the vLLM paper's "Orca (Max)" baseline (Kwon et al., SOSP 2023, section 6.1); the
+Pow2 and Oracle variants in :mod:`orca_baselines` only change :meth:`answer_reservation`, and
+the best-fit variant only :meth:`choose_run`. Reservations are placed first fit over the slot
+array at admission and never grow, move or share. The tail a sequence never reaches is allocated-but-empty (internal fragmentation);
 free holes too small for the next waiting reservation are external fragmentation. Token
 sources see it as a paged pool with ``block_size == 1`` whose block table is the run of
 consecutive slot ids of the reservation, so the real model runs on it unchanged.
@@ -12,7 +14,11 @@ import bisect
 
 import numpy as np
 
-from .config import EngineConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import EngineConfig
+from .changes import ChangeLog
 from .events import ALLOCATE, Event
 from .sequence import Sequence
 from .slot_state import SlotState
@@ -26,18 +32,21 @@ _FREE, _FILLED, _EMPTY, _FRAGMENT = (
 
 
 class ContiguousAllocator:
-    """First-fit contiguous reservations over ``pool_slots`` slots."""
+    """First-fit contiguous reservations of prompt + ``max_tokens`` slots over ``pool_slots`` slots."""
 
+    name = "contiguous"
     kind = "contiguous"
-    supports_preemption = False
+    supports_swap = False  # a reservation covers its whole future: nothing ever needs preempting
     supports_fork = False
+    reports_fragmentation = True
     block_size = 1
     num_host_slots = 0
     num_blocks = 0  # no blocks: snapshots show this allocator per slot
+    host_used_blocks = 0
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None):
         self.num_slots = config.pool_slots
-        self.max_model_len = config.max_model_len
+        self.max_model_len = config.max_model_len if max_model_len is None else max_model_len
         self.free_starts: list[int] = [0]  # free runs, sorted by start, never adjacent
         self.free_lens: list[int] = [self.num_slots]
         self.reservations: dict[int, tuple[int, int]] = {}  # seq_id -> (start, length)
@@ -45,18 +54,20 @@ class ContiguousAllocator:
         self.filled_slots = 0
         self.hit_tokens = 0
         self.queried_tokens = 0
-        self.events: list[Event] = []
+        self.events = [] if events is None else events
+        self.changes = ChangeLog()
         self.slot_state = np.zeros(self.num_slots, dtype=np.int8)
         self.slot_owner = np.full(self.num_slots, -1, dtype=np.int32)
         self.slot_token = np.full(self.num_slots, -1, dtype=np.int32)
         empty = np.zeros(0, dtype=np.int8)
         self.block_state = empty
-        self.block_ref = np.zeros(0, dtype=np.int16)
+        self.block_ref = np.zeros(0, dtype=np.int32)
         self.block_fill = np.zeros(0, dtype=np.int16)
         self.block_hash = np.zeros(0, dtype=np.int64)
         self.fragmented_slots = 0
         self._next_need = 0
         self._layout_changed = True
+        self._painted: dict[int, int] = {}  # start -> length of the free runs drawn as FRAGMENT
 
     # ------------------------------------------------------------------ read access
     @property
@@ -71,13 +82,33 @@ class ContiguousAllocator:
     def largest_free_run(self) -> int:
         return max(self.free_lens, default=0)
 
+    answer_words = "max_tokens"  # what the answer's share of a reservation is, in rejection messages
+
+    def answer_reservation(self, max_tokens: int, output_len: int | None) -> int:
+        """Slots reserved for the answer: ``max_tokens``, the most it may write (Orca Max)."""
+        return max_tokens
+
+    def _reservation(self, prompt_len: int, max_tokens: int, output_len: int | None) -> int:
+        return min(prompt_len + self.answer_reservation(max_tokens, output_len), self.max_model_len)
+
     def reservation_size(self, seq: Sequence) -> int:
-        return min(seq.num_prompt_tokens + seq.request.sampling.max_tokens, self.max_model_len)
+        r = seq.request
+        return self._reservation(seq.num_prompt_tokens, r.sampling.max_tokens, r.output_len)
+
+    admission_slots = reservation_size
+
+    def take_changes(self):
+        return self.changes.take()
 
     def block_table(self, seq: Sequence, context_len: int | None = None) -> list[int]:
         start, length = self.reservations[seq.seq_id]
         n = length if context_len is None else context_len
         return list(range(start, start + n))
+
+    def table_view(self, seq: Sequence, context_len: int) -> range:
+        """The block table a token source reads, without building it: a run of slot ids."""
+        start = self.reservations[seq.seq_id][0]
+        return range(start, start + context_len)
 
     def num_blocks_of(self, seq: Sequence) -> int:
         r = self.reservations.get(seq.seq_id)
@@ -92,12 +123,13 @@ class ContiguousAllocator:
         return list(range(base, base + count))
 
     # ------------------------------------------------------------------ admission
-    def rejection_reason(self, prompt_len: int, max_tokens: int) -> str | None:
-        need = min(prompt_len + max_tokens, self.max_model_len)
+    def rejection_reason(self, prompt_len: int, max_tokens: int, output_len: int | None = None) -> str | None:
+        need = self._reservation(prompt_len, max_tokens, output_len)
         if need > self.num_slots:
             return (
-                f"needs a reservation of {prompt_len} prompt + {max_tokens} max_tokens = {need} "
-                f"consecutive slots, but the pool has only {self.num_slots} slots"
+                f"needs a reservation of {prompt_len} prompt + {self.answer_reservation(max_tokens, output_len)} "
+                f"{self.answer_words} = "
+                f"{need} consecutive slots, but the pool has only {self.num_slots} slots"
             )
         return None
 
@@ -107,12 +139,10 @@ class ContiguousAllocator:
     def try_admit(self, seq: Sequence, reserve_blocks: int = 0) -> int | None:
         """Reserve the sequence's whole future, first fit. None if no free run is long enough."""
         need = self.reservation_size(seq)
-        for i, length in enumerate(self.free_lens):
-            if length >= need:
-                break
-        else:
+        i = self.choose_run(need)
+        if i is None:
             return None
-        start = self.free_starts[i]
+        start, length = self.free_starts[i], self.free_lens[i]
         if length == need:
             del self.free_starts[i]
             del self.free_lens[i]
@@ -121,12 +151,20 @@ class ContiguousAllocator:
             self.free_lens[i] = length - need
         self.reservations[seq.seq_id] = (start, need)
         self.reserved_slots += need
+        self.changes.slots(start, start + need)
         self.slot_state[start : start + need] = _EMPTY
         self.slot_owner[start : start + need] = seq.request.index
         self._layout_changed = True
         seq.num_computed = 0
         self.events.append(Event(ALLOCATE, seq.seq_id, seq.request.request_id, {"start": start, "length": need}))
         return 0
+
+    def choose_run(self, need: int) -> int | None:
+        """Index of the free run to carve ``need`` slots from: the first long enough."""
+        for i, length in enumerate(self.free_lens):
+            if length >= need:
+                return i
+        return None
 
     # ------------------------------------------------------------------ growth (never)
     num_free_blocks = 0
@@ -144,6 +182,7 @@ class ContiguousAllocator:
 
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:
         base = self.reservations[seq.seq_id][0] + start
+        self.changes.slots(base, base + count)
         if count == 1:
             self.slot_token[base] = seq.token_ids[start]
             self.slot_state[base] = _FILLED
@@ -159,6 +198,7 @@ class ContiguousAllocator:
         start, length = r
         self.reserved_slots -= length
         self.filled_slots -= seq.num_computed
+        self.changes.slots(start, start + length)
         self.slot_state[start : start + length] = _FREE
         self.slot_owner[start : start + length] = -1
         self.slot_token[start : start + length] = -1
@@ -187,13 +227,30 @@ class ContiguousAllocator:
             return
         self._next_need = next_need
         self._layout_changed = False
-        fragmented = 0
-        for start, length in zip(self.free_starts, self.free_lens):
-            small = length < next_need
-            self.slot_state[start : start + length] = _FRAGMENT if small else _FREE
-            if small:
-                fragmented += length
-        self.fragmented_slots = fragmented
+        # Only small runs are ever drawn as FRAGMENT; everything else that is free is already
+        # FREE (free() draws FREE). So repaint the small runs that changed, never the big ones:
+        # the cost follows the holes, not the pool.
+        old = self._painted
+        now = {s: n for s, n in zip(self.free_starts, self.free_lens) if n < next_need}
+        for start, length in old.items():
+            if now.get(start) != length:  # no longer exactly this hole: what is still free is FREE
+                self._paint_free_within(start, start + length)
+        for start, length in now.items():
+            if old.get(start) != length:
+                self.slot_state[start : start + length] = _FRAGMENT
+                self.changes.slots(start, start + length)
+        self._painted = now
+        self.fragmented_slots = sum(now.values())
+
+    def _paint_free_within(self, lo: int, hi: int) -> None:
+        i = max(bisect.bisect_right(self.free_starts, lo) - 1, 0)
+        while i < len(self.free_starts) and self.free_starts[i] < hi:
+            a = max(lo, self.free_starts[i])
+            b = min(hi, self.free_starts[i] + self.free_lens[i])
+            if a < b:
+                self.slot_state[a:b] = _FREE
+                self.changes.slots(a, b)
+            i += 1
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, live: list[Sequence]) -> None:

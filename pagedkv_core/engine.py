@@ -9,6 +9,10 @@
 
 Invalid or never-fitting requests are not exceptions: they end as rejected, with a reason
 in their output and a ``reject`` event in the snapshot of the step they arrived in.
+
+With a :class:`~pagedkv_core.recording.Recording` (``Engine(config, source, recording=rec)``)
+every step is stored in it as a delta of what changed; ``step(snapshot=False)`` then skips the
+full copy, so a step's cost follows what it changed, not the pool's size.
 """
 from __future__ import annotations
 
@@ -16,31 +20,39 @@ import heapq
 import operator
 import time
 
-from .batch import ScheduledBatch, TokenSource
-from .block_manager import BlockManager
+from .allocator import build_allocator
+from .config import MAX_ARRIVAL_STEP, MAX_TOKEN_ID
+from .batch import TokenSource
 from .config import EngineConfig
-from .contiguous import ContiguousAllocator
 from .events import REJECT, Event
-from .metrics import RunStats, RunSummary, StepMetrics
-from .outputs import CompletionOutput, RequestOutput
+from .metrics import RunStats, RunSummary, StepCounts, StepMetrics
+from .outputs import CompletionOutput, RequestOutput, TokenIds
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import FINISH_REJECTED, Request, Sequence, SequenceStatus
-from .snapshot import StepSnapshot, take_snapshot
+from .snapshot import StepSnapshot, pool_arrays, pool_scalars, seq_arrays, take_snapshot
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates, e.g. "\ud800" from a JSON file
+        return False
+    return True
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, source: TokenSource):
+    def __init__(self, config: EngineConfig, source: TokenSource, recording=None):
         self.config = config
         self.source = source
-        self.max_model_len = min(config.max_model_len, int(getattr(source, "max_model_len", config.max_model_len)))
-        if config.paged:
-            self.allocator = BlockManager(config)
-        else:
-            self.allocator = ContiguousAllocator(config)
-            self.allocator.max_model_len = self.max_model_len
-        self.scheduler = Scheduler(config, self.allocator, getattr(source, "eos_token_id", None), self.max_model_len)
-        self.allocator.events = self.scheduler.events  # one chronological list per step
+        self.max_model_len = min(config.max_model_len, int(source.max_model_len))
+        self._events: list[Event] = []  # one chronological list per step: scheduler and allocator append
+        self.allocator = build_allocator(config, self._events, self.max_model_len)
+        self.scheduler = Scheduler(config, self.allocator, self._events, source.eos_token_id, self.max_model_len)
+        self.vocab_size = int(getattr(source, "vocab_size", MAX_TOKEN_ID + 1))  # scripted: any int32 id
+        self.recording = recording
+        if recording is not None:
+            recording.start(pool_scalars(self.allocator), pool_arrays(self.allocator))
         self.requests: dict[str, Request] = {}
         self._pending: list[tuple[int, int, Request]] = []  # heap of (arrival_step, index, request)
         self.step_index = 0
@@ -48,6 +60,7 @@ class Engine:
         self.num_finished = 0
         self.num_rejected = 0
         self._rejected: list[dict] = []
+        self._doomed: dict[str, str] = {}  # request id -> why it will be rejected on arrival
         source.bind(self.allocator.num_slots, self.allocator.num_host_slots)
 
     # ------------------------------------------------------------------ requests
@@ -63,13 +76,21 @@ class Engine:
     ) -> None:
         """Queue a request; it becomes visible at ``arrival_step`` (default: the next step).
         ``output_len`` (scripted sources): the answer's intended length. ``extra_keys`` are
-        mixed into its prefix-cache hashes (e.g. an adapter id). Raises ValueError only for
-        a duplicate ``request_id``."""
+        mixed into its prefix-cache hashes (e.g. an adapter id). Returns the id it is kept
+        under (an id that is not valid UTF-8 is escaped, and the request rejected). Raises
+        ValueError only for a duplicate ``request_id``."""
         request_id = str(request_id)
+        bad_id = not _is_utf8(request_id)
+        if bad_id:  # keep the request (and its rejection) under an id every output can print
+            request_id = request_id.encode("utf-8", "backslashreplace").decode("utf-8")
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         sampling = sampling if sampling is not None else SamplingParams()
         arrival = self.step_index if arrival_step is None else max(int(arrival_step), 0)
+        reject = "request id is not valid UTF-8" if bad_id else None
+        if arrival > self.step_index + MAX_ARRIVAL_STEP:
+            reject = f"arrival_step {arrival:,} is past the horizon of {MAX_ARRIVAL_STEP:,} steps"
+            arrival = self.step_index
         request = Request(
             request_id,
             len(self.requests),
@@ -79,8 +100,17 @@ class Engine:
             output_len,
             tuple(extra_keys),
         )
+        if reject is not None:
+            self._doomed[request_id] = reject  # rejected, with this reason, when it arrives
         self.requests[request_id] = request
         heapq.heappush(self._pending, (arrival, request.index, request))
+        return request_id
+
+    def add_rejected(self, request_id: str, reason: str, arrival_step: int | None = None) -> None:
+        """Queue a request that is already known to be unrunnable (a workload entry with a bad
+        field): it ends as rejected with ``reason`` when it arrives, while the others run."""
+        rid = self.add_request(request_id, [], arrival_step=arrival_step)
+        self._doomed.setdefault(rid, str(reason))
 
     def get_request(self, request_id: str) -> Request:
         return self.requests[request_id]
@@ -92,6 +122,8 @@ class Engine:
         return bool(self._pending) or self.scheduler.has_work()
 
     def _invalid_reason(self, request: Request) -> str | None:
+        if request.request_id in self._doomed:
+            return self._doomed.pop(request.request_id)
         prompt = request.prompt_token_ids
         if not prompt:
             return "empty prompt"
@@ -103,6 +135,9 @@ class Engine:
             return "prompt token ids must be non-negative integers"
         if min(prompt) < 0:
             return "prompt token ids must be non-negative integers"
+        top = max(prompt)
+        if top >= self.vocab_size:
+            return f"prompt token id {top:,} is outside the vocabulary (ids 0 to {self.vocab_size - 1:,})"
         request.prompt_token_ids = prompt
         if request.output_len is not None and (
             isinstance(request.output_len, bool) or not isinstance(request.output_len, int) or request.output_len < 1
@@ -110,7 +145,7 @@ class Engine:
             return f"output_len must be an integer >= 1, got {request.output_len!r}"
         if len(prompt) >= self.max_model_len:
             return f"prompt of {len(prompt)} tokens leaves no room for output under max_model_len={self.max_model_len}"
-        return self.allocator.rejection_reason(len(prompt), request.sampling.max_tokens)
+        return self.allocator.rejection_reason(len(prompt), request.sampling.max_tokens, request.output_len)
 
     def _arrive(self, request: Request) -> None:
         request.arrived = True
@@ -119,7 +154,7 @@ class Engine:
             request.reject_reason = reason
             self.num_rejected += 1
             self._rejected.append({"id": request.request_id, "reason": reason})
-            self.scheduler.events.append(Event(REJECT, -1, request.request_id, {"reason": reason}))
+            self._events.append(Event(REJECT, -1, request.request_id, {"reason": reason}))
             self.scheduler.touched.add(request)
             return
         n = request.sampling.n
@@ -130,7 +165,9 @@ class Engine:
             self.scheduler.add(self.scheduler.new_sequence(request, 0, list(request.prompt_token_ids), fork_into=n))
 
     # ------------------------------------------------------------------ stepping
-    def step(self) -> tuple[list[RequestOutput], StepSnapshot]:
+    def step(self, snapshot: bool = True) -> tuple[list[RequestOutput], StepSnapshot | None]:
+        """One scheduled step. Returns its outputs and, unless ``snapshot=False``, a full
+        :class:`StepSnapshot` (with a recording attached, the step is recorded either way)."""
         step = self.step_index
         sched = self.scheduler
         sched.touched.clear()
@@ -144,29 +181,35 @@ class Engine:
             t0 = time.perf_counter()
             results = self.source.execute(batch)
             execute_s = time.perf_counter() - t0
-        sched.complete(results)
+        counts = sched.complete(results)
         if not batch.seqs and not sched.touched and sched.has_work() and not self._pending:
             raise RuntimeError(f"engine made no progress at step {step}: {sched.waiting[:3]} {sched.swapped[:3]}")
         outputs = self._outputs()
-        if not self.allocator.supports_preemption:
-            self.allocator.update_fragmentation(sched.next_reservation())
-        metrics = self._metrics(batch, execute_s)
+        alloc = self.allocator
+        if alloc.reports_fragmentation:
+            alloc.update_fragmentation(sched.next_reservation())
+        seqs = seq_arrays(alloc, sched)
+        metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"])
         self.stats.add(metrics)
-        events = tuple(sched.events)
-        sched.events.clear()
-        snapshot = take_snapshot(step, self.allocator, sched, events, metrics)
+        events = tuple(self._events)
+        self._events.clear()
+        changes = alloc.take_changes()
+        if self.recording is not None:
+            self.recording.record(step, changes, seqs, events, metrics)
+        snap = take_snapshot(step, alloc, seqs, events, metrics) if snapshot else None
         self.step_index += 1
-        return outputs, snapshot
+        return outputs, snap
 
-    def run(self, max_steps: int | None = None, on_step=None) -> RunSummary:
+    def run(self, max_steps: int | None = None, on_step=None, snapshot: bool = True) -> RunSummary:
         """Step until every request is finished or rejected (or ``max_steps`` steps);
-        ``on_step(outputs, snapshot)`` sees each step."""
+        ``on_step(outputs, snapshot)`` sees each step (``snapshot=False``: None instead of a
+        full copy; a recording still gets every step)."""
         steps = 0
         while self.has_unfinished() and (max_steps is None or steps < max_steps):
-            outputs, snapshot = self.step()
+            outputs, snapshot_ = self.step(snapshot)
             steps += 1
             if on_step is not None:
-                on_step(outputs, snapshot)
+                on_step(outputs, snapshot_)
         return self.summary()
 
     # ------------------------------------------------------------------ reporting
@@ -184,7 +227,8 @@ class Engine:
             for s in request.seqs:
                 tokens = s.token_ids
                 new = [tokens[-1]] if s.seq_id in sampled else []
-                outs.append(CompletionOutput(s.sample_index, tokens[s.num_prompt_tokens :], new, s.finish_reason))
+                outs.append(CompletionOutput(s.sample_index, TokenIds(tokens, s.num_prompt_tokens, len(tokens)), new,
+                                             s.finish_reason))
             finished = request.finished
             if finished:
                 self.num_finished += 1
@@ -199,65 +243,48 @@ class Engine:
             )
         return outputs
 
-    def _metrics(self, batch: ScheduledBatch, execute_s: float) -> StepMetrics:
-        alloc, sched, c = self.allocator, self.scheduler, self.scheduler.counters
+    def _metrics(self, counts: StepCounts, execute_s: float, seq_num_blocks) -> StepMetrics:
+        alloc, sched = self.allocator, self.scheduler
         allocated = alloc.allocated_slots
-        filled = alloc.filled_slots
         queried = alloc.queried_tokens
-        return StepMetrics(
+        return StepMetrics.of(
+            counts,
+            sched.totals,
             kv_usage=alloc.kv_usage,
-            token_utilization=filled / allocated if allocated else 0.0,
+            token_utilization=alloc.filled_slots / allocated if allocated else 0.0,
             allocated_slots=allocated,
-            filled_slots=filled,
-            num_running=sched.step_num_running,
+            filled_slots=alloc.filled_slots,
             num_waiting=len(sched.waiting),
             num_swapped=len(sched.swapped),
-            num_preemptions=c.preemptions,
-            step_preemptions=sched.step_preemptions,
-            num_swaps_out=c.swaps_out,
-            num_swaps_in=c.swaps_in,
-            num_recomputes=c.recomputes,
             prefix_cache_hit_rate=alloc.hit_tokens / queried if queried else 0.0,
             prefix_hit_tokens=alloc.hit_tokens,
             prefix_queried_tokens=queried,
-            step_tokens=batch.num_tokens,
-            step_prefill_tokens=sched.step_prefill_tokens,
-            step_decode_tokens=sched.step_decode_tokens,
-            step_tokens_generated=sched.step_tokens_generated,
-            tokens_generated=c.tokens_generated,
-            host_used_blocks=alloc.host.num_used_blocks if alloc.supports_preemption else 0,
-            fragmented_slots=getattr(alloc, "fragmented_slots", 0),
-            largest_free_run=getattr(alloc, "largest_free_run", 0),
+            host_used_blocks=alloc.host_used_blocks,
+            fragmented_slots=alloc.fragmented_slots,
+            largest_free_run=alloc.largest_free_run,
+            mean_blocks_per_seq=float(seq_num_blocks.mean()) if len(seq_num_blocks) else 0.0,
+            max_blocks_per_seq=int(seq_num_blocks.max()) if len(seq_num_blocks) else 0,
             num_finished=self.num_finished,
             num_rejected=self.num_rejected,
             execute_s=execute_s,
         )
 
     def summary(self) -> RunSummary:
-        s, c, cfg = self.stats, self.scheduler.counters, self.config
+        cfg = self.config
         queried = self.allocator.queried_tokens
-        return RunSummary(
+        return RunSummary.of(
+            self.stats,
+            self.scheduler.totals,
             allocator=cfg.allocator,
             block_size=cfg.block_size,
             pool_slots=cfg.pool_slots,
             preemption=cfg.preemption,
             watermark=cfg.watermark,
             prefix_caching=cfg.prefix_caching,
-            steps=s.steps,
             requests=len(self.requests),
             finished=self.num_finished,
             rejected=list(self._rejected),
-            preemptions=c.preemptions,
-            swaps_out=c.swaps_out,
-            swaps_in=c.swaps_in,
-            recomputes=c.recomputes,
-            peak_running=s.peak_running,
-            mean_running=s.mean_running,
-            mean_kv_usage=s.mean_kv_usage,
-            mean_token_utilization=s.mean_token_utilization,
             prefix_cache_hit_rate=self.allocator.hit_tokens / queried if queried else 0.0,
-            tokens_generated=c.tokens_generated,
-            mean_execute_s=s.sum_execute_s / s.steps if s.steps else 0.0,
         )
 
     def trace_header(self) -> dict:

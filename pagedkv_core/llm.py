@@ -19,68 +19,48 @@ Pool size, in order of precedence: ``pool_slots``; ``pool_blocks`` (x ``block_si
 ``memory_fraction`` (CUDA: a profiling pass measures the activation peak, and that peak, the weights
 and everything else on the GPU are subtracted from this fraction of its memory); by default 2,048
 slots on the CPU and a profiled 90 % of the GPU (capped at ``MAX_DEFAULT_SLOTS``) on CUDA.
+
+Nothing big happens before the settings are known to be sane: :func:`~pagedkv_core.pool_plan.preflight`
+checks the device, threads, dtype, model path and the planned pools against the memory budget
+(:mod:`pagedkv_core.memory`) before torch or the weights load, and the pools are planned again
+from the loaded model's exact bytes per token before the engine allocates them. A pool that
+does not fit is refused with its numbers (BudgetError, a ConfigError).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
-from .config import ConfigError, EngineConfig
+from .config import ConfigError, EngineConfig, setting_spec
 from .engine import Engine
+from .kv_math import KVShape
+from .outputs import CompletionOutput, RequestOutput, StreamDelta
+from .pool_plan import DEFAULT_CPU_SLOTS, ENGINE_SETTINGS, HOST_SWAP_BUDGET, PoolPlan, plan_pool, preflight
 from .sampling import SamplingParams
 
-DEFAULT_CPU_SLOTS = 2048
+__all__ = ["LLM", "RequestOutput", "CompletionOutput", "StreamDelta", "ENGINE_SETTINGS", "DEFAULT_CPU_SLOTS",
+           "HOST_SWAP_BUDGET"]
+
 MAX_DEFAULT_SLOTS = 1 << 18  # a profiled default pool stops here (snapshots copy per-slot arrays)
 DEFAULT_MEMORY_FRACTION = 0.9
-HOST_SWAP_BUDGET = 1 << 30  # default host pool for swapped-out blocks: at most this many bytes
-ENGINE_SETTINGS = ("block_size", "watermark", "preemption", "swap_slots", "prefix_caching",
-                   "max_batch_tokens", "allocator", "max_model_len", "seed")
 
 
-@dataclass
-class CompletionOutput:
-    """One sample of a request."""
+@contextlib.contextmanager
+def _transformers_bars_off():
+    """transformers draws its own "Loading weights" bar on stderr; the loader reports its
+    progress through its ``progress`` callback, so that bar is only noise (and a second line
+    after a command's one-line error)."""
+    from transformers.utils import logging as hf_logging
 
-    index: int
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None  # "stop" | "length" | "rejected" | None (unfinished)
-
-
-@dataclass
-class RequestOutput:
-    """The result of one prompt: its ``n`` samples in ``outputs``."""
-
-    request_id: str
-    prompt: str | None  # the text as given (None for token-id prompts)
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput] = field(default_factory=list)
-    finished: bool = False
-    reject_reason: str | None = None  # why the engine refused it (too long for the model or the pool)
-
-    def to_json(self) -> dict:
-        return {
-            "id": self.request_id,
-            "prompt": self.prompt,
-            "prompt_token_ids": self.prompt_token_ids,
-            "outputs": [dataclasses.asdict(o) for o in self.outputs],
-            "reject_reason": self.reject_reason,
-        }
-
-
-@dataclass
-class StreamDelta:
-    """What one engine step added to one sample (``LLM.stream``)."""
-
-    request_id: str
-    index: int  # sample index
-    text: str  # new text since the previous delta of this sample (may be "")
-    token_ids: list[int]  # new token ids
-    finished: bool
-    finish_reason: str | None
-    step: int
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 class _Detokenizer:
@@ -115,8 +95,8 @@ class LLM:
     ``device``: "auto" | "cpu" | "cuda". ``dtype``: None (fp32 on CPU, bf16 on CUDA) or a name.
     ``threads``: torch CPU threads. Pool size: ``pool_slots`` | ``pool_blocks`` |
     ``kv_budget_bytes`` | ``memory_fraction`` (see the module docstring). Everything else in
-    ``engine_settings`` goes to :class:`~pagedkv_core.config.EngineConfig` (block_size, watermark,
-    preemption, swap_slots, prefix_caching, max_batch_tokens, allocator, max_model_len, seed).
+    ``engine_settings`` goes to :class:`~pagedkv_core.config.EngineConfig`: any of its fields
+    but the pool size (:data:`ENGINE_SETTINGS`), with the config's own defaults and bounds.
     ``loaded``: an already loaded model to reuse (skips loading); ``runner``: an existing
     :class:`~pagedkv_core.model.runner.ModelRunner` to share (its device, dtype and weights; each
     engine re-binds its pool, so only the latest engine on a runner may step). Raises ConfigError (one line)
@@ -139,19 +119,31 @@ class LLM:
         progress: Callable[[float, str], None] | None = None,
         **engine_settings,
     ):
+        # Everything that needs neither torch nor the weights, before either.
+        sizing = dict(pool_slots=pool_slots, pool_blocks=pool_blocks, kv_budget_bytes=kv_budget_bytes,
+                      memory_fraction=memory_fraction)
+        if runner is not None:
+            preflight(device=runner.device, dtype=runner.dtype_name, kv_shape=runner.kv_shape, **sizing, **engine_settings)
+        else:
+            shape = KVShape.from_config(loaded.config) if loaded is not None else None
+            preflight(model, device, dtype, threads, kv_shape=shape, **sizing, **engine_settings)
         from .model.loader import load_model
-        from .model.runner import ModelRunner
+        from .model.runner import ModelRunner, check_threads, resolve_device, resolve_dtype
 
-        unknown = set(engine_settings) - set(ENGINE_SETTINGS)
-        if unknown:
-            raise ConfigError(f"unknown engine setting(s): {', '.join(sorted(unknown))}")
+        block_size = setting_spec("block_size").check(engine_settings.get("block_size", setting_spec("block_size").default))
         try:
-            if runner is not None:  # share a runner (its weights) with another LLM or a page
+            if runner is None:  # torch's own word on the device and dtype, still before loading
+                resolve_dtype(dtype, resolve_device(device))
+                if threads is not None:
+                    check_threads(threads)
+            else:  # share a runner (its weights) with another LLM or a page
                 loaded = runner.loaded
             own = loaded is None  # loaded here, for this LLM alone: the runner may take over its weights
-            # Read into memory of its own (not memory-mapped), so the runner can free each layer's
-            # weights as it copies them: the two copies never coexist.
-            loaded = load_model(model, progress=progress, mmap=False) if own else loaded
+            if own:
+                # Read into memory of its own (not memory-mapped), so the runner can free each
+                # layer's weights as it copies them: the two copies never coexist.
+                with _transformers_bars_off():
+                    loaded = load_model(model, progress=progress, mmap=False)
             self.loaded = loaded
             self.tokenizer = loaded.tokenizer
             self.runner = runner if runner is not None else ModelRunner(loaded, device=device, dtype=dtype,
@@ -160,71 +152,67 @@ class LLM:
             if isinstance(exc, ConfigError):
                 raise
             raise ConfigError(str(exc)) from None
-        block_size = engine_settings.get("block_size", EngineConfig.block_size)
-        slots, how = self._pool_slots(block_size, pool_slots, pool_blocks, kv_budget_bytes, memory_fraction)
-        settings = dict(engine_settings)
-        settings["pool_slots"] = slots
-        if settings.get("swap_slots") is None:
-            host_cap = max(block_size, self.runner.slots_for_budget(HOST_SWAP_BUDGET, max(1, block_size)))
-            settings["swap_slots"] = min(slots, host_cap)
-        self.config = EngineConfig(**settings)
+        plan = self._plan(block_size, pool_slots, pool_blocks, kv_budget_bytes, memory_fraction,
+                          engine_settings.get("swap_slots"))
+        self.config = EngineConfig(**{**engine_settings, "pool_slots": plan.slots, "swap_slots": plan.swap_slots})
         self.pool_info = {
             "slots": self.config.pool_slots,
             "blocks": self.config.num_blocks,
             "bytes": self.config.pool_slots * self.runner.bytes_per_slot,
             "bytes_per_block": self.runner.bytes_per_block(self.config.block_size),
             "swap_slots": self.config.swap_slots,
-            "sized_by": how,
+            "sized_by": plan.sized_by,
         }
         self.engine: Engine | None = None
         self.last_summary: dict | None = None
 
     # ------------------------------------------------------------------ sizing
-    def _pool_slots(self, block_size, pool_slots, pool_blocks, kv_budget_bytes, memory_fraction) -> tuple[int, str]:
-        def positive(name, value):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-            return value
-
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ConfigError(f"block_size must be >= 1, got {block_size!r}")
-        given = [n for n, v in (("pool_slots", pool_slots), ("pool_blocks", pool_blocks),
-                                ("kv_budget_bytes", kv_budget_bytes), ("memory_fraction", memory_fraction)) if v is not None]
-        if len(given) > 1:
-            raise ConfigError(f"give the pool size one way only, got {', '.join(given)}")
-        if pool_slots is not None:
-            return positive("pool_slots", pool_slots), "pool_slots"
-        if pool_blocks is not None:
-            return positive("pool_blocks", pool_blocks) * block_size, "pool_blocks"
-        if kv_budget_bytes is not None:
-            slots = self.runner.slots_for_budget(positive("kv_budget_bytes", kv_budget_bytes), block_size)
-            if slots < block_size:
-                raise ConfigError(
-                    f"kv_budget_bytes={kv_budget_bytes} holds no block of {block_size} slots "
-                    f"({self.runner.bytes_per_block(block_size)} bytes each)"
-                )
-            return slots, "kv_budget_bytes"
-        if memory_fraction is not None or self.runner.device.type == "cuda":
-            if self.runner.device.type != "cuda":
+    def _plan(self, block_size, pool_slots, pool_blocks, kv_budget_bytes, memory_fraction, swap_slots) -> PoolPlan:
+        """The pools from the loaded model's exact bytes per token (profiled on CUDA when no size
+        is given), checked against the memory budget before the engine allocates them."""
+        bpt = self.runner.bytes_per_slot
+        device_type = self.runner.device.type
+        plan = plan_pool(bpt, block_size, device_type, pool_slots=pool_slots, pool_blocks=pool_blocks,
+                         kv_budget_bytes=kv_budget_bytes, memory_fraction=memory_fraction, swap_slots=swap_slots)
+        if plan is None:  # profiled on the GPU
+            fraction = DEFAULT_MEMORY_FRACTION if memory_fraction is None else memory_fraction
+            if device_type != "cuda":
                 raise ConfigError("memory_fraction needs CUDA; on the CPU give pool_slots, pool_blocks or kv_budget_bytes")
-            fraction = DEFAULT_MEMORY_FRACTION if memory_fraction is None else float(memory_fraction)
-            if not 0.0 < fraction <= 1.0:
-                raise ConfigError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
-            budget = self.runner.profile_kv_budget(fraction)
-            slots = self.runner.slots_for_budget(budget, block_size)
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+                raise ConfigError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
+            slots = self.runner.slots_for_budget(self.runner.profile_kv_budget(float(fraction)), block_size)
             if memory_fraction is None:
                 slots = min(slots, (MAX_DEFAULT_SLOTS // block_size) * block_size)
+            slots = min(slots, (setting_spec("pool_slots").hi // block_size) * block_size)
             if slots < block_size:
                 raise ConfigError(f"no GPU memory left for the KV pool at memory_fraction={fraction}")
-            return slots, f"profiled at memory_fraction={fraction}"
-        return max(block_size, (DEFAULT_CPU_SLOTS // block_size) * block_size), "default"
+            plan = plan_pool(bpt, block_size, device_type, pool_slots=slots, swap_slots=swap_slots)
+            plan = dataclasses.replace(plan, sized_by=f"profiled at memory_fraction={fraction}")
+        self._check_budget(plan)
+        return plan
+
+    def _check_budget(self, plan: PoolPlan) -> None:
+        free = None
+        if self.runner.device.type == "cuda":
+            import torch
+
+            free = torch.cuda.mem_get_info(self.runner.device)[0] + self._bound_bytes()
+        plan.check_budget(self.runner.device.type, device_free=free)
+
+    def _bound_bytes(self) -> int:
+        """Device bytes of the pool the runner holds now: a new engine re-binds (frees) it."""
+        return int(self.runner.num_slots) * self.runner.bytes_per_slot
 
     # ------------------------------------------------------------------ engines
-    def new_engine(self, **overrides) -> Engine:
+    def new_engine(self, recording=None, **overrides) -> Engine:
         """A fresh engine on this model (the pool is re-bound: earlier engines of this LLM must
-        not step again). ``overrides`` replace fields of ``self.config``."""
+        not step again). ``overrides`` replace fields of ``self.config`` (a bigger pool is
+        checked against the memory budget first); ``recording``: a Recording or TraceWriter
+        that every step is recorded into."""
         cfg = dataclasses.replace(self.config, **overrides) if overrides else self.config
-        self.engine = Engine(cfg, self.runner)
+        if (cfg.pool_slots, cfg.swap_slots) != (self.config.pool_slots, self.config.swap_slots):
+            self._check_budget(PoolPlan(cfg.pool_slots, cfg.swap_slots, self.runner.bytes_per_slot, "new_engine"))
+        self.engine = Engine(cfg, self.runner, recording=recording)
         return self.engine
 
     @property
@@ -287,10 +275,13 @@ class LLM:
         on_step: Callable | None = None,
         use_tqdm: bool = False,
         engine: Engine | None = None,
+        on_submit: Callable[[Engine], None] | None = None,
     ) -> Iterator[tuple[list[RequestOutput], object, list]]:
-        """Step a fresh engine through ``prompts``; yields, per step, (request outputs that
-        changed, the StepSnapshot, the engine's raw outputs). The last step leaves a run summary
-        in ``self.last_summary``."""
+        """Step a fresh engine (or ``engine``) through ``prompts``; yields, per step, (request
+        outputs that changed, the StepSnapshot, the engine's raw outputs). ``on_submit(engine)``
+        is called once every request is queued, before the first step (a trace writer names
+        the requests in its header there). The last step leaves a run summary in
+        ``self.last_summary``."""
         items = self._prepare(prompts, sampling_params, chat)
         engine = engine or self.new_engine()
         base = len(engine.requests)
@@ -299,6 +290,8 @@ class LLM:
             rid = str(base + i)
             engine.add_request(rid, ids_, sp)
             ids.append(rid)
+        if on_submit is not None:
+            on_submit(engine)
         prompts_by_id = {rid: item[0] for rid, item in zip(ids, items)}
         bar = None
         if use_tqdm:
@@ -333,18 +326,12 @@ class LLM:
         s["pool_bytes"] = self.pool_info["bytes"] if engine.config == self.config else engine.config.pool_slots * self.runner.bytes_per_slot
         self.last_summary = s
 
-    def _convert(self, o, prompt_text) -> RequestOutput:
-        return RequestOutput(
-            request_id=o.request_id,
-            prompt=prompt_text,
-            prompt_token_ids=list(o.prompt_token_ids),
-            outputs=[
-                CompletionOutput(c.index, list(c.token_ids), self.decode(c.token_ids) if o.finished else "", c.finish_reason)
-                for c in o.outputs
-            ],
-            finished=o.finished,
-            reject_reason=o.reject_reason,
-        )
+    def _convert(self, o: RequestOutput, prompt_text: str | None) -> RequestOutput:
+        """The engine's output with the text filled in (each sample's, once the request finishes)."""
+        samples = [dataclasses.replace(c, token_ids=list(c.token_ids), new_token_ids=list(c.new_token_ids),
+                                       text=self.decode(c.token_ids) if o.finished else "")
+                   for c in o.outputs]
+        return dataclasses.replace(o, prompt_token_ids=list(o.prompt_token_ids), outputs=samples, prompt=prompt_text)
 
     def generate(
         self,
@@ -353,15 +340,20 @@ class LLM:
         chat: bool = False,
         use_tqdm: bool = False,
         on_step: Callable | None = None,
+        *,
+        engine: Engine | None = None,
+        on_submit: Callable[[Engine], None] | None = None,
     ) -> list[RequestOutput]:
         """Run ``prompts`` (strings, token-id lists, or one of either) to completion and return
         one :class:`RequestOutput` per prompt, in order. ``chat`` wraps text prompts in the chat
         template. ``on_step(request_outputs, snapshot)`` sees every step (an output's ``text`` is
         filled in once its request finishes; :meth:`stream` gives partial text). Prompts that cannot run
-        (too long for the model or the pool) come back with ``reject_reason`` set, the others run."""
+        (too long for the model or the pool) come back with ``reject_reason`` set, the others run.
+        ``engine`` and ``on_submit``: as for :meth:`run`."""
         final: dict[str, RequestOutput] = {}
         order: list[str] = []
-        for outs, _snap, _raw in self.run(prompts, sampling_params, chat, on_step=on_step, use_tqdm=use_tqdm):
+        for outs, _snap, _raw in self.run(prompts, sampling_params, chat, on_step=on_step, use_tqdm=use_tqdm,
+                                          engine=engine, on_submit=on_submit):
             for o in outs:
                 if o.finished:
                     final[o.request_id] = o

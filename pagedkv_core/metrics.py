@@ -15,6 +15,34 @@ from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
+class StepCounts:
+    """What one step did: the scheduler's ``complete()`` returns it, ``totals`` sums them."""
+
+    num_running: int = 0  # sequences computed in this step's batch
+    preemptions: int = 0  # swap + recompute
+    swaps_out: int = 0
+    swaps_in: int = 0
+    recomputes: int = 0
+    tokens: int = 0  # tokens whose K/V the step computed
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    tokens_generated: int = 0
+
+    def add(self, other: "StepCounts") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+# StepMetrics names (kept as vLLM-style signal names, and as traces store them) -> StepCounts names.
+_PER_STEP = {"num_running": "num_running", "step_preemptions": "preemptions", "step_tokens": "tokens",
+             "step_prefill_tokens": "prefill_tokens", "step_decode_tokens": "decode_tokens",
+             "step_tokens_generated": "tokens_generated"}
+_CUMULATIVE = {"num_preemptions": "preemptions", "num_swaps_out": "swaps_out", "num_swaps_in": "swaps_in",
+               "num_recomputes": "recomputes", "tokens_generated": "tokens_generated"}
+_SUMMARY_TOTALS = ("preemptions", "swaps_out", "swaps_in", "recomputes", "tokens_generated")
+
+
+@dataclass
 class StepMetrics:
     kv_usage: float = 0.0
     token_utilization: float = 0.0
@@ -47,6 +75,13 @@ class StepMetrics:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def of(cls, step: StepCounts, totals: StepCounts, **rest) -> "StepMetrics":
+        """This step's and the run's counts under their metric names, plus the other signals."""
+        counts = {m: getattr(step, c) for m, c in _PER_STEP.items()}
+        counts.update({m: getattr(totals, c) for m, c in _CUMULATIVE.items()})
+        return cls(**counts, **rest)
 
     @classmethod
     def from_json(cls, data: dict) -> "StepMetrics":
@@ -101,7 +136,7 @@ class RunStats:
 
 @dataclass
 class RunSummary:
-    """The figures of one run (the ``simulate --json`` object)."""
+    """The figures of one run (the ``simulate --json`` object). Build it with :meth:`of`."""
 
     allocator: str
     block_size: int
@@ -127,3 +162,16 @@ class RunSummary:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def of(cls, stats: RunStats, totals: StepCounts, **rest) -> "RunSummary":
+        return cls(
+            steps=stats.steps,
+            peak_running=stats.peak_running,
+            mean_running=stats.mean_running,
+            mean_kv_usage=stats.mean_kv_usage,
+            mean_token_utilization=stats.mean_token_utilization,
+            mean_execute_s=stats.sum_execute_s / stats.steps if stats.steps else 0.0,
+            **{name: getattr(totals, name) for name in _SUMMARY_TOTALS},
+            **rest,
+        )

@@ -1,7 +1,11 @@
 """Per-request sampling parameters (the knobs a client sends with a prompt)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+MAX_SAMPLES = 256  # parallel samples per request (n)
+MAX_TEMPERATURE = 100.0
 
 
 @dataclass(frozen=True)
@@ -23,16 +27,26 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        def whole(name: str, lo: int, hi: int | None = None) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{name} must be a whole number, got {v!r}")
+            if v < lo or (hi is not None and v > hi):
+                raise ValueError(f"{name} must be >= {lo}" + (f" and <= {hi:,}" if hi is not None else "") + f", got {v:,}")
+
+        whole("max_tokens", 1)
+        whole("top_k", 0)
+        whole("n", 1, MAX_SAMPLES)
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be a whole number >= 0, got {self.seed!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property

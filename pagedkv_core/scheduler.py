@@ -2,11 +2,14 @@
 
 One step, in order:
 
-1. **Running sequences** (oldest first) each get room for the tokens they compute this
-   step: one for a decode, a chunk for an unfinished prefill. When the pool cannot give a
-   sequence its slot, the most recently admitted running sequence is preempted (swap or
-   recompute), possibly the one asking; repeat until the slot is there.
-2. **Swapped sequences** resume first (oldest first) when their blocks fit above the watermark.
+1. **Running sequences**, in admission order (the running list is kept in the order the
+   sequences were admitted or resumed, as vLLM v1 keeps it), each get room for the tokens
+   they compute this step: one for a decode, a chunk for an unfinished prefill. When the pool
+   cannot give a sequence its slot, the tail of the running list, the most recently admitted
+   sequence, is preempted (swap or recompute), possibly the one asking; repeat until the slot
+   is there. A request submitted first but admitted later is evicted first.
+2. **Swapped sequences** resume first (in submission order) when their blocks fit above the
+   watermark; a resumed sequence joins the tail of the running list.
 3. **Waiting sequences** are admitted FCFS, with prefix-cache hits, while the pool minus the
    watermark allows and nothing is still swapped out. The first that does not fit blocks
    the queue (head-of-line). Steps that preempted resume and admit nothing.
@@ -20,49 +23,41 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
 
+from .allocator import Allocator
 from .batch import ScheduledBatch, SeqWork
 from .config import EngineConfig
 from .events import ADMIT, FINISH, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN, Event
+from .metrics import StepCounts
 from .sequence import FINISH_LENGTH, FINISH_STOP, Request, Sequence, SequenceStatus
 
 _ORDER = lambda s: s.order  # noqa: E731  (FCFS key: request index, sample index)
 
 
-@dataclass
-class SchedulerCounters:
-    preemptions: int = 0
-    swaps_out: int = 0
-    swaps_in: int = 0
-    recomputes: int = 0
-    tokens_generated: int = 0
-
-
 class Scheduler:
-    def __init__(self, config: EngineConfig, allocator, eos_token_id: int | None, max_model_len: int):
+    """``schedule(step)`` plans a step; ``complete(new_tokens)`` applies it and returns what the
+    step did as :class:`StepCounts` (``totals`` sums them over the run)."""
+
+    def __init__(self, config: EngineConfig, allocator: Allocator, events: list[Event], eos_token_id: int | None,
+                 max_model_len: int):
         self.config = config
         self.allocator = allocator
+        self.events = events  # the engine's chronological list for the step (the allocator appends too)
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
         self.budget_per_step = config.max_batch_tokens
-        self.watermark_blocks = config.watermark_blocks if allocator.supports_preemption else 0
-        self.swap_enabled = config.preemption == "swap" and allocator.supports_preemption
+        self.watermark_blocks = config.watermark_blocks if allocator.supports_swap else 0
+        self.swap_enabled = config.preemption == "swap" and allocator.supports_swap
         self.waiting: list[Sequence] = []  # sorted by order
-        self.running: list[Sequence] = []  # sorted by order: the last is the most recently admitted
+        self.running: list[Sequence] = []  # in admission order: the last is the most recently admitted
         self.swapped: list[Sequence] = []  # sorted by order
-        self.counters = SchedulerCounters()
-        self.events: list[Event] = []
+        self.totals = StepCounts()
+        self._step = StepCounts()
         self._seq_ids = itertools.count()
         self.seqs: dict[int, Sequence] = {}  # every sequence ever made, by id
         self.touched: set[Request] = set()  # requests that changed this step
         self.sampled: set[int] = set()  # seq ids that got a token this step
-        self.step_num_running = 0
         self._work: list[tuple[Sequence, int, int, int]] = []  # (seq, start, count, num_samples)
-        self.step_preemptions = 0
-        self.step_tokens_generated = 0
-        self.step_prefill_tokens = 0
-        self.step_decode_tokens = 0
 
     # ------------------------------------------------------------------ queues
     def new_sequence(self, request: Request, sample_index: int, token_ids: list[int], fork_into: int = 1) -> Sequence:
@@ -84,9 +79,9 @@ class Scheduler:
 
     def next_reservation(self) -> int:
         """Slots the head of the waiting queue would reserve (contiguous; 0 when none waits)."""
-        if not self.waiting or not hasattr(self.allocator, "reservation_size"):
+        if not self.waiting:
             return 0
-        return self.allocator.reservation_size(self.waiting[0])
+        return self.allocator.admission_slots(self.waiting[0])
 
     # ------------------------------------------------------------------ one step
     def schedule(self, step: int) -> ScheduledBatch:
@@ -94,7 +89,7 @@ class Scheduler:
         budget = self.budget_per_step if self.budget_per_step is not None else 1 << 62
         work: list[tuple[Sequence, int]] = []
         batch = ScheduledBatch(step=step, block_size=alloc.block_size)
-        self.step_preemptions = 0
+        counts = self._step = StepCounts()
 
         # 1. Running sequences: room for this step's tokens, preempting the youngest.
         running = self.running
@@ -130,7 +125,7 @@ class Scheduler:
             i += 1
 
         # 2. Swapped sequences resume first.
-        if self.step_preemptions == 0:
+        if counts.preemptions == 0:
             while self.swapped and budget > 0:
                 seq = self.swapped[0]
                 if alloc.exceeds_pool(seq):
@@ -143,9 +138,9 @@ class Scheduler:
                 self.swapped.pop(0)
                 pairs = alloc.swap_in(seq)
                 batch.swap_in.extend(pairs)
-                self.counters.swaps_in += 1
+                counts.swaps_in += 1
                 seq.status = SequenceStatus.RUNNING
-                bisect.insort(running, seq, key=_ORDER)
+                running.append(seq)
                 self.events.append(
                     Event(
                         SWAP_IN,
@@ -159,7 +154,7 @@ class Scheduler:
                 budget -= count
 
         # 3. Waiting sequences, FCFS, while the pool (minus the watermark) allows.
-        if self.step_preemptions == 0 and not self.swapped:
+        if counts.preemptions == 0 and not self.swapped:
             while self.waiting and budget > 0:
                 seq = self.waiting[0]
                 if alloc.exceeds_pool(seq):
@@ -173,7 +168,7 @@ class Scheduler:
                     break
                 self.waiting.pop(0)
                 seq.status = SequenceStatus.RUNNING
-                bisect.insort(running, seq, key=_ORDER)
+                running.append(seq)
                 self.events.append(
                     Event(ADMIT, seq.seq_id, seq.request.request_id, {"cached_tokens": cached, "recompute": recompute})
                 )
@@ -185,7 +180,7 @@ class Scheduler:
         planned = []
         prefill = decode = 0
         seqs = batch.seqs
-        slots_for, block_table = alloc.slots_for, alloc.block_table
+        slots_for, block_table = alloc.slots_for, alloc.table_view
         for seq, count in work:
             start = seq.num_computed
             end = start + count
@@ -215,13 +210,14 @@ class Scheduler:
             else:
                 prefill += count
         self._work = planned
-        self.step_num_running = len(running)
-        self.step_prefill_tokens = prefill
-        self.step_decode_tokens = decode
+        counts.num_running = len(running)
+        counts.prefill_tokens = prefill
+        counts.decode_tokens = decode
+        counts.tokens = prefill + decode
         return batch
 
-    def complete(self, new_tokens: dict[int, list[int]]) -> None:
-        """Apply a step's results (requests that changed go to ``touched``)."""
+    def complete(self, new_tokens: dict[int, list[int]]) -> StepCounts:
+        """Apply a step's results (requests that changed go to ``touched``); returns the step's counts."""
         alloc = self.allocator
         finished: list[Sequence] = []
         generated = 0
@@ -243,7 +239,7 @@ class Scheduler:
                     child = self.new_sequence(seq.request, i, list(seq.token_ids))
                     child.status = SequenceStatus.RUNNING
                     alloc.fork(seq, child)
-                    bisect.insort(self.running, child, key=_ORDER)
+                    self.running.append(child)  # admitted with its parent, after it
                     samples.append(child)
             for sample, token in zip(samples, tokens):
                 sample.token_ids.append(int(token))
@@ -257,8 +253,10 @@ class Scheduler:
             self.running.remove(seq)
             self._finish(seq, seq.finish_reason, None)
         self._work = []
-        self.counters.tokens_generated += generated
-        self.step_tokens_generated = generated
+        counts = self._step
+        counts.tokens_generated = generated
+        self.totals.add(counts)
+        return counts
 
     # ------------------------------------------------------------------ helpers
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
@@ -288,8 +286,7 @@ class Scheduler:
         self.events.append(Event(FINISH, seq.seq_id, seq.request.request_id, detail))
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
-        self.counters.preemptions += 1
-        self.step_preemptions += 1
+        self._step.preemptions += 1
         rid = seq.request.request_id
         reason = "preemption mode is recompute"
         if self.swap_enabled:
@@ -297,7 +294,7 @@ class Scheduler:
             pairs = self.allocator.swap_out(seq)
             if pairs is not None:
                 batch.swap_out.extend(pairs)
-                self.counters.swaps_out += 1
+                self._step.swaps_out += 1
                 seq.status = SequenceStatus.SWAPPED
                 bisect.insort(self.swapped, seq, key=_ORDER)
                 self.events.append(
@@ -314,6 +311,6 @@ class Scheduler:
         self.allocator.free(seq)
         seq.num_computed = 0
         seq.status = SequenceStatus.PREEMPTED
-        self.counters.recomputes += 1
+        self._step.recomputes += 1
         bisect.insort(self.waiting, seq, key=_ORDER)
         self.events.append(Event(PREEMPT_RECOMPUTE, seq.seq_id, rid, {"reason": reason, "blocks": blocks}))

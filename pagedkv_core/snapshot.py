@@ -5,7 +5,7 @@ Per slot (both allocators; one heatmap cell each):
     ``slot_owner`` int32 (request index, -1 = none; a shared block shows one holder),
     ``slot_token`` int32 (token id whose K/V the slot holds, -1 = none).
 Per block (paged only; zero-length for the contiguous baseline, which works per slot):
-    ``block_state`` int8, ``block_ref`` int16, ``block_fill`` int16 (tokens written),
+    ``block_state`` int8, ``block_ref`` int32, ``block_fill`` int16 (tokens written; blocks hold at most 1,024),
     ``block_hash`` int64 (prefix-cache hash, 0 = not cached). ``block_owners(b)`` lists
     every sequence referencing block ``b``.
 Per live sequence (waiting, running, swapped), aligned arrays:
@@ -17,7 +17,8 @@ Per live sequence (waiting, running, swapped), aligned arrays:
     ``seq_tables[seq_table_offsets[i]:seq_table_offsets[i + 1]]`` (paged only).
 Plus the queues (seq ids, FCFS order), the step's events and :class:`StepMetrics`.
 
-The allocators keep these arrays up to date as they go; a snapshot copies them.
+The allocators keep these arrays up to date as they go; a snapshot copies them, and a
+:class:`~pagedkv_core.recording.Recording` stores only what changed from step to step.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from .events import Event
 from .metrics import StepMetrics
 
 SLOT_ARRAYS = {"slot_state": np.int8, "slot_owner": np.int32, "slot_token": np.int32}
-BLOCK_ARRAYS = {"block_state": np.int8, "block_ref": np.int16, "block_fill": np.int16, "block_hash": np.int64}
+BLOCK_ARRAYS = {"block_state": np.int8, "block_ref": np.int32, "block_fill": np.int16, "block_hash": np.int64}
 SEQ_ARRAYS = {
     "seq_id": np.int32,
     "seq_request": np.int32,
@@ -54,7 +55,7 @@ def _empty(dtype) -> np.ndarray:
 @dataclass(eq=False)
 class StepSnapshot:
     step: int
-    allocator: str  # "paged" | "contiguous"
+    allocator: str  # the allocator's registry name (see pagedkv_core.allocator.ALLOCATORS)
     block_size: int  # as presented to token sources (1 for contiguous)
     num_slots: int
     num_blocks: int  # 0 for contiguous
@@ -63,7 +64,7 @@ class StepSnapshot:
     slot_owner: np.ndarray
     slot_token: np.ndarray
     block_state: np.ndarray = field(default_factory=lambda: _empty(np.int8))
-    block_ref: np.ndarray = field(default_factory=lambda: _empty(np.int16))
+    block_ref: np.ndarray = field(default_factory=lambda: _empty(np.int32))
     block_fill: np.ndarray = field(default_factory=lambda: _empty(np.int16))
     block_hash: np.ndarray = field(default_factory=lambda: _empty(np.int64))
     seq_id: np.ndarray = field(default_factory=lambda: _empty(np.int32))
@@ -83,6 +84,13 @@ class StepSnapshot:
     metrics: StepMetrics = field(default_factory=StepMetrics)
 
     # ------------------------------------------------------------------ queries
+    @property
+    def kind(self) -> str:
+        """"paged" (block tables) or "contiguous" (one run of slots per sequence)."""
+        from .allocator import allocator_kind
+
+        return allocator_kind(self.allocator)
+
     def seq_index(self, seq_id: int) -> int:
         hits = np.flatnonzero(self.seq_id == seq_id)
         if not len(hits):
@@ -92,7 +100,7 @@ class StepSnapshot:
     def block_table(self, seq_id: int) -> list[int]:
         """Physical blocks of a sequence (contiguous: its reserved slot ids)."""
         i = self.seq_index(seq_id)
-        if self.allocator == "contiguous":
+        if self.kind == "contiguous":
             start = int(self.seq_reserved_start[i])
             return list(range(start, start + int(self.seq_num_blocks[i]))) if start >= 0 else []
         lo, hi = self.seq_table_offsets[i], self.seq_table_offsets[i + 1]
@@ -143,7 +151,9 @@ class StepSnapshot:
         for name in SCALAR_FIELDS:
             value = data[name]
             if name == "allocator":
-                if value not in ("paged", "contiguous"):
+                from .allocator import ALLOCATORS
+
+                if not isinstance(value, str) or value not in ALLOCATORS:
                     raise ValueError(f"unknown allocator {value!r}")
                 kwargs[name] = value
             else:
@@ -184,68 +194,58 @@ class StepSnapshot:
             raise ValueError("seq_table_offsets do not match seq_tables")
 
 
-def take_snapshot(step: int, allocator, scheduler, events: tuple[Event, ...], metrics: StepMetrics) -> StepSnapshot:
-    """Copy the allocator's arrays and the scheduler's queues into a StepSnapshot."""
+def seq_arrays(allocator, scheduler) -> dict:
+    """The per-sequence arrays, the block tables (CSR) and the queues of the live sequences,
+    read through the allocator's public layout methods. O(live sequences + table entries)."""
     running, waiting, swapped = scheduler.running, scheduler.waiting, scheduler.swapped
     seqs = running + waiting + swapped
     n = len(seqs)
     paged = allocator.kind == "paged"
-    if paged:
-        tables_by_id = allocator.tables
-        tables = [tables_by_id.get(s.seq_id, ()) for s in seqs]
-        num_blocks = [len(t) for t in tables]
-        reserved = [-1] * n
-    else:
-        res = allocator.reservations
-        tables = []
-        rows = [res.get(s.seq_id, (-1, 0)) for s in seqs]
-        reserved = [r[0] for r in rows]
-        num_blocks = [r[1] for r in rows]
+    num_blocks = [allocator.num_blocks_of(s) for s in seqs]
     offsets = np.zeros(n + 1, dtype=np.int32)
     if paged and n:
         np.cumsum(num_blocks, out=offsets[1:])
-        flat = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=int(offsets[-1]))
+        flat = np.fromiter(chain.from_iterable(allocator.block_table(s) for s in seqs), dtype=np.int32,
+                           count=int(offsets[-1]))
     else:
         flat = _empty(np.int32)
     if n:
-        metrics.mean_blocks_per_seq = sum(num_blocks) / n
-        metrics.max_blocks_per_seq = max(num_blocks)
         rows = np.array(
             [
-                (s.seq_id, s.request.index, s.sample_index, s.status, len(s.token_ids), s.num_computed, nb, r)
-                for s, nb, r in zip(seqs, num_blocks, reserved)
+                (s.seq_id, s.request.index, s.sample_index, s.status, len(s.token_ids), s.num_computed, nb,
+                 allocator.reserved_start(s))
+                for s, nb in zip(seqs, num_blocks)
             ],
             dtype=np.int32,
         ).T
     else:
         rows = np.zeros((8, 0), dtype=np.int32)
-    return StepSnapshot(
-        step=step,
-        allocator=allocator.kind,
+    out = {name: rows[i].astype(dtype) for i, (name, dtype) in enumerate(SEQ_ARRAYS.items())}
+    out["seq_table_offsets"] = offsets
+    out["seq_tables"] = flat
+    out["waiting"] = tuple(s.seq_id for s in waiting)
+    out["running"] = tuple(s.seq_id for s in running)
+    out["swapped"] = tuple(s.seq_id for s in swapped)
+    return out
+
+
+def pool_scalars(allocator) -> dict:
+    """The sizes a snapshot states once (a recording keeps them once for the whole run)."""
+    return dict(
+        allocator=allocator.name,
         block_size=allocator.block_size,
         num_slots=allocator.num_slots,
         num_blocks=allocator.num_blocks,
-        num_host_blocks=allocator.num_host_slots // allocator.block_size if paged else 0,
-        slot_state=allocator.slot_state.copy(),
-        slot_owner=allocator.slot_owner.copy(),
-        slot_token=allocator.slot_token.copy(),
-        block_state=allocator.block_state.copy(),
-        block_ref=allocator.block_ref.copy(),
-        block_fill=allocator.block_fill.copy(),
-        block_hash=allocator.block_hash.copy(),
-        seq_id=rows[0].copy(),
-        seq_request=rows[1].copy(),
-        seq_sample=rows[2].copy(),
-        seq_status=rows[3].astype(np.int8),
-        seq_num_tokens=rows[4].copy(),
-        seq_num_computed=rows[5].copy(),
-        seq_num_blocks=rows[6].copy(),
-        seq_reserved_start=rows[7].copy(),
-        seq_table_offsets=offsets,
-        seq_tables=flat,
-        waiting=tuple(s.seq_id for s in waiting),
-        running=tuple(s.seq_id for s in running),
-        swapped=tuple(s.seq_id for s in swapped),
-        events=events,
-        metrics=metrics,
+        num_host_blocks=allocator.num_host_slots // allocator.block_size if allocator.kind == "paged" else 0,
     )
+
+
+def pool_arrays(allocator) -> dict[str, np.ndarray]:
+    """The allocator's live per-slot and per-block arrays (not copies)."""
+    return {name: getattr(allocator, name) for name in (*SLOT_ARRAYS, *BLOCK_ARRAYS)}
+
+
+def take_snapshot(step: int, allocator, seqs: dict, events: tuple[Event, ...], metrics: StepMetrics) -> StepSnapshot:
+    """A full copy: the allocator's arrays, plus ``seqs`` from :func:`seq_arrays`."""
+    arrays = {name: a.copy() for name, a in pool_arrays(allocator).items()}
+    return StepSnapshot(step=step, **pool_scalars(allocator), **arrays, **seqs, events=events, metrics=metrics)

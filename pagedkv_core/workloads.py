@@ -11,32 +11,72 @@ Built-in (``--workload NAME``; each suggests a pool size, used unless ``--pool-s
 - ``burst``: 8 requests at step 0, then a spike of 32 at step 20 that forces preemption.
 - ``trickle``: 48 requests with Poisson arrivals (about one every four steps).
 
-A workload file is a JSON list of
+- ``azure-conv``: 1,000 requests of Azure's production conversation trace (the shipped
+  ``data/azure_conv_2023.csv``) at their recorded arrival times into 65,536 slots.
+- ``azure-conv-small``: 200 of them with every length scaled by 1/8, into 4,096 slots (fast
+  enough for the app's heatmaps).
+
+A workload file is either a JSON list of
 ``{"id": str, "prompt": [ints] | "prompt_len": int, "output_len": int, "max_tokens": int,
-"arrival_step": int = 0, "n": int = 1}``; ``prompt_len`` makes a seeded random prompt.
+"arrival_step": int = 0, "n": int = 1}`` (``prompt_len`` makes a seeded random prompt), or a
+request trace: a CSV (``.csv`` or gzipped ``.csv.gz``) with the columns ``TIMESTAMP``,
+``ContextTokens`` and ``GeneratedTokens``, one request per row, read by :func:`trace_workload`
+with the options of :class:`TraceOptions`.
+
+The shipped trace is the Azure LLM inference trace 2023 (conversation service), published by
+Microsoft Azure under CC BY 4.0 with the attribution Patel et al., "Splitwise", ISCA 2024; see
+``data/LICENSE-azure-trace.txt``.
 """
 from __future__ import annotations
 
+import csv
+import gzip
+import io
 import json
+import math
+import re
 import zlib
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError
-from .sampling import SamplingParams
+from .config import MAX_ARRIVAL_STEP, MAX_TOKEN_ID, ConfigError, setting_spec
+from .safe_io import loads_json, open_capped, read_bytes_capped
+from .sampling import MAX_SAMPLES, SamplingParams
 from .scripted import FIRST_TOKEN, VOCAB_SIZE
+
+# ---------------------------------------------------------------------------- limits
+# Every bound a workload is held to, each stated in its message. Over a file-level bound the
+# whole file is refused (ConfigError, one line): it is checked before the file is read, or
+# before anything is built from it. Over a request-level bound that request alone is rejected,
+# with the bound in its reason, while the others run. A real model narrows two of these at
+# arrival: the engine rejects prompts longer than the model's context and token ids outside
+# its vocabulary.
+MAX_WORKLOAD_FILE_BYTES = 64 << 20  # file: its size, checked before reading (a gzipped trace: compressed)
+MAX_JSON_DEPTH = 8  # file: a workload is a list of objects holding lists (depth 3)
+MAX_REQUESTS = 10_000  # file: requests per JSON workload (the engine's per-step cost grows with the queue)
+MAX_WORKLOAD_TOKENS = 1 << 22  # file: prompt tokens of all its requests together, made ones included
+MAX_PROMPT_LEN = setting_spec("max_model_len").hi  # request: prompt tokens (1,048,576)
+MAX_OUTPUT_LEN = setting_spec("max_model_len").hi  # request: output_len and max_tokens
+# request: n <= MAX_SAMPLES (sampling), token ids <= MAX_TOKEN_ID, arrival_step <= MAX_ARRIVAL_STEP (config)
 
 
 @dataclass(frozen=True)
 class WorkloadRequest:
+    """One request; ``reject_reason`` set: it broke a request-level bound, and is submitted
+    as a rejection (its other fields are then placeholders, the arrival step aside)."""
+
     id: str
     prompt: tuple[int, ...]
     output_len: int
     max_tokens: int
     arrival_step: int = 0
     n: int = 1
+    reject_reason: str | None = None
 
     def to_json(self) -> dict:
         return {
@@ -57,8 +97,12 @@ class Workload:
     pool_slots: int = 2048  # suggested pool size
 
     def submit(self, engine) -> None:
-        """Add every request to ``engine``."""
+        """Add every request to ``engine``; one with a ``reject_reason`` ends as rejected,
+        with that reason, at its arrival step."""
         for r in self.requests:
+            if r.reject_reason is not None:
+                engine.add_rejected(r.id, r.reject_reason, arrival_step=r.arrival_step)
+                continue
             engine.add_request(
                 r.id,
                 list(r.prompt),
@@ -69,7 +113,7 @@ class Workload:
 
 
 def _tokens(rng: np.random.Generator, n: int) -> tuple[int, ...]:
-    return tuple(int(t) for t in rng.integers(FIRST_TOKEN, VOCAB_SIZE, size=n))
+    return tuple(rng.integers(FIRST_TOKEN, VOCAB_SIZE, size=n).tolist())
 
 
 # ---------------------------------------------------------------------------- scenarios
@@ -135,20 +179,17 @@ def trickle(seed: int = 0) -> Workload:
     return Workload("trickle", "48 requests with Poisson arrivals, about one every four steps", tuple(reqs), 2048)
 
 
-WORKLOADS = {"explainer40": explainer40, "shared_preamble": shared_preamble, "burst": burst, "trickle": trickle}
-
-
-def build_workload(name: str, seed: int = 0) -> Workload:
-    if name not in WORKLOADS:
-        raise ConfigError(f"unknown workload {name!r}: use one of {', '.join(WORKLOADS)}")
-    return WORKLOADS[name](seed)
-
-
 # ---------------------------------------------------------------------------- files
 _FIELDS = {"id", "prompt", "prompt_len", "output_len", "max_tokens", "arrival_step", "n"}
 
 
-def _int_field(where: str, obj: dict, key: str, minimum: int, default: int | None = None) -> int:
+class _Rejected(Exception):
+    """A request-level bound broken: the request is rejected with this reason."""
+
+
+def _int_field(where: str, obj: dict, key: str, lo: int, hi: int, default: int | None = None) -> int:
+    """An integer field: missing or not an integer is the file's error (ConfigError); out of
+    ``[lo, hi]`` is the request's (:class:`_Rejected`)."""
     if key not in obj:
         if default is None:
             raise ConfigError(f"{where}: missing {key!r}")
@@ -156,17 +197,63 @@ def _int_field(where: str, obj: dict, key: str, minimum: int, default: int | Non
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{where}: {key} must be >= {minimum}, got {value}")
+    if value < lo:
+        raise _Rejected(f"{key} must be >= {lo}, got {value:,}")
+    if value > hi:
+        raise _Rejected(f"{key} must be <= {hi:,}, got {value:,}")
     return value
 
 
+def _prompt(where: str, obj: dict) -> list:
+    """The explicit prompt's ids: a list of integers (else the file's error), each in
+    ``[0, MAX_TOKEN_ID]`` and at most MAX_PROMPT_LEN of them (else the request's)."""
+    prompt = obj["prompt"]
+    if not isinstance(prompt, list) or not prompt:
+        raise ConfigError(f"{where}: prompt must be a non-empty list of token ids")
+    for t in prompt:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise ConfigError(f"{where}: prompt token ids must be integers, got {t!r}")
+    if len(prompt) > MAX_PROMPT_LEN:
+        raise _Rejected(f"prompt of {len(prompt):,} tokens is longer than the {MAX_PROMPT_LEN:,} allowed")
+    low, high = min(prompt), max(prompt)
+    if low < 0:
+        raise _Rejected(f"prompt token ids must be >= 0, got {low:,}")
+    if high > MAX_TOKEN_ID:
+        raise _Rejected(f"prompt token id {high:,} is over the bound of {MAX_TOKEN_ID:,}")
+    return prompt
+
+
+class _TokenBudget:
+    """Prompt tokens a workload may still hold (MAX_WORKLOAD_TOKENS): a few bytes of file can
+    ask for a billion made-up tokens, a few thousand such requests for far more."""
+
+    def __init__(self, name: str, hint: str):
+        self.name, self.hint, self.used = name, hint, 0
+
+    def take(self, n: int) -> None:
+        self.used += n
+        if self.used > MAX_WORKLOAD_TOKENS:
+            raise ConfigError(f"{self.name}: the prompts add up to more than {MAX_WORKLOAD_TOKENS:,} tokens; {self.hint}")
+
+
+def _seed_of(rid: str) -> int:
+    """The made-up prompt's seed part for an id (any string: a lone surrogate is the engine's
+    to reject, not a crash here)."""
+    return zlib.crc32(rid.encode("utf-8", "surrogatepass"))
+
+
 def parse_workload(data, name: str = "file", seed: int = 0) -> Workload:
-    """Validate a decoded workload (a list of request objects). Raises ConfigError."""
+    """Validate a decoded workload (a list of request objects). The file's shape (a list of
+    objects with string ids, known keys and integer fields) and its file-level bounds raise
+    ConfigError; a request's value out of its bound makes that request a rejection (its
+    ``reject_reason``), and the others run. See the limits at the top of this module."""
     if not isinstance(data, list):
         raise ConfigError(f"{name}: a workload must be a JSON list of requests, got {type(data).__name__}")
     if not data:
         raise ConfigError(f"{name}: the workload has no requests")
+    if len(data) > MAX_REQUESTS:
+        raise ConfigError(f"{name}: {len(data):,} requests, more than the {MAX_REQUESTS:,} a workload may have")
+    budget = _TokenBudget(name, "use fewer or shorter requests")
     reqs, seen = [], set()
     for i, obj in enumerate(data):
         where = f"{name}: request {i}"
@@ -184,39 +271,423 @@ def parse_workload(data, name: str = "file", seed: int = 0) -> Workload:
         seen.add(rid)
         if ("prompt" in obj) == ("prompt_len" in obj):
             raise ConfigError(f"{where}: give exactly one of 'prompt' and 'prompt_len'")
-        if "prompt" in obj:
-            prompt = obj["prompt"]
-            if not isinstance(prompt, list) or not prompt:
-                raise ConfigError(f"{where}: prompt must be a non-empty list of token ids")
-            for t in prompt:
-                if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                    raise ConfigError(f"{where}: prompt token ids must be integers >= 0, got {t!r}")
-            prompt = tuple(prompt)
-        else:
-            prompt_len = _int_field(where, obj, "prompt_len", 1)
-            rng = np.random.default_rng([seed, zlib.crc32(rid.encode())])
-            prompt = _tokens(rng, prompt_len)
-        reqs.append(
-            WorkloadRequest(
-                rid,
-                prompt,
-                output_len=_int_field(where, obj, "output_len", 1),
-                max_tokens=_int_field(where, obj, "max_tokens", 1),
-                arrival_step=_int_field(where, obj, "arrival_step", 0, default=0),
-                n=_int_field(where, obj, "n", 1, default=1),
-            )
-        )
+        reqs.append(_request(where, rid, obj, seed, budget))
     return Workload(name, f"{len(reqs)} requests from {name}", tuple(reqs))
 
 
-def load_workload_file(path, seed: int = 0) -> Workload:
+def _request(where: str, rid: str, obj: dict, seed: int, budget: _TokenBudget) -> WorkloadRequest:
+    """One checked request, or its rejection. Every field's type is checked first (a wrong
+    type is the file's error, whichever field it is in), then the bounds."""
+    fields_ = {}
+    problem = None
+    specs = (("output_len", 1, MAX_OUTPUT_LEN, None), ("max_tokens", 1, MAX_OUTPUT_LEN, None),
+             ("arrival_step", 0, MAX_ARRIVAL_STEP, 0), ("n", 1, MAX_SAMPLES, 1), ("prompt_len", 1, MAX_PROMPT_LEN, None))
+    for key, lo, hi, default in specs:
+        if key == "prompt_len" and key not in obj:
+            continue
+        try:
+            fields_[key] = _int_field(where, obj, key, lo, hi, default)
+        except _Rejected as exc:
+            problem = problem or str(exc)
+    try:
+        prompt = _prompt(where, obj) if "prompt" in obj else None
+    except _Rejected as exc:
+        problem = problem or str(exc)
+        prompt = None
+    if problem is not None:
+        arrival = fields_.get("arrival_step", 0)  # the rejection shows when the request would have come
+        return WorkloadRequest(rid, (), 1, 1, arrival_step=arrival, reject_reason=problem)
+    if prompt is None:
+        budget.take(fields_["prompt_len"])
+        prompt = _tokens(np.random.default_rng([seed, _seed_of(rid)]), fields_["prompt_len"])
+    else:
+        budget.take(len(prompt))
+        prompt = tuple(prompt)
+    return WorkloadRequest(rid, prompt, fields_["output_len"], fields_["max_tokens"],
+                           arrival_step=fields_["arrival_step"], n=fields_["n"])
+
+
+def load_workload_file(path, seed: int = 0, **options) -> Workload:
+    """A workload from a file: a request trace (``.csv``, ``.csv.gz``; ``options`` are the fields
+    of :class:`TraceOptions`) or a JSON list of requests (no options). Raises ConfigError."""
     path = Path(path)
+    if _is_trace_name(path.name):
+        return trace_workload(path, seed, TraceOptions.of(**options))
+    _check_no_options(path.name, options)
+    data = read_bytes_capped(path, MAX_WORKLOAD_FILE_BYTES, "workload file")
+    return _json_workload(data, f"workload file {str(path)!r}", path.name, seed)
+
+
+def workload_from_bytes(data: bytes, name: str, seed: int = 0, **options) -> Workload:
+    """The same as :func:`load_workload_file`, for an upload's bytes; ``name`` (the file name)
+    says which kind it is: a trace when it ends in ``.csv`` or ``.csv.gz``, else JSON."""
+    if len(data) > MAX_WORKLOAD_FILE_BYTES:
+        raise ConfigError(f"{name}: {len(data):,} bytes is more than the {MAX_WORKLOAD_FILE_BYTES:,} a workload file may have")
+    if _is_trace_name(name):
+        opt = TraceOptions.of(**options)
+        return _trace_from_rows(_trace_rows(_open_bytes(data, name), name, opt.start), name, seed, opt)
+    _check_no_options(name, options)
+    return _json_workload(data, name, name, seed)
+
+
+def _json_workload(data: bytes, label: str, name: str, seed: int) -> Workload:
+    return parse_workload(loads_json(data, label, max_depth=MAX_JSON_DEPTH), name, seed)
+
+
+def _check_no_options(name: str, options: dict) -> None:
+    given = sorted(k for k, v in options.items() if v is not None)
+    if given:
+        raise ConfigError(f"{name}: {', '.join(given)} apply only to CSV request traces (.csv, .csv.gz)")
+
+
+# ---------------------------------------------------------------------------- request traces
+DATA_DIR = Path(__file__).resolve().parent / "data"
+AZURE_CONV_TRACE = DATA_DIR / "azure_conv_2023.csv"
+AZURE_SOURCE = (
+    "Azure LLM inference trace 2023, conversation service (Microsoft Azure, CC BY 4.0; "
+    "Patel et al., Splitwise, ISCA 2024)"
+)
+TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MAX_TRACE_REQUESTS = 5000  # requests one trace workload may hold (each carries its prompt's token ids)
+MAX_TRACE_ROWS = 1 << 20  # rows a trace may have up to the last one used
+DEFAULT_MAX_CONTEXT = 2048  # OPT-13B's, the model of the vLLM paper's Orca baselines
+DEFAULT_SECONDS_PER_STEP = 0.05  # one batched decode step of a 13B model on one GPU, roughly
+TRACE_POOL_SLOTS = 65536  # suggested pool for a trace workload
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One request of a trace, as the file states it."""
+
+    row: int  # 1 = the first row after the header
+    time_s: float  # TIMESTAMP in seconds (date-times: since the epoch, UTC)
+    prompt_len: int  # ContextTokens
+    answer_len: int  # GeneratedTokens
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """How a trace becomes a workload. Every length here is in the trace's tokens: a
+    ``length_scale`` scales the prompts, the answers, ``max_context`` and a fixed
+    ``max_tokens`` alike (each rounded, at least 1), so a replay keeps the trace's shape.
+
+    - ``start``, ``count``: skip ``start`` rows, then take ``count`` requests (None: the rest,
+      at most :data:`MAX_TRACE_REQUESTS`).
+    - ``seconds_per_step``: trace seconds one engine step stands for; ``rate`` multiplies the
+      arrival rate (2.0 = arrivals twice as dense). Request ``i`` arrives at step
+      ``floor((t_i - t_first) * rate / seconds_per_step)``.
+    - ``max_tokens``: what a request may write, which is what the contiguous Orca (Max)
+      baseline reserves beyond the prompt. ``"context"``: up to the model's ``max_context``
+      (prompt + max_tokens = max_context); rows whose prompt + answer exceed it are left out,
+      as a server with that context could not serve them, and the description counts them.
+      ``"answer"``: exactly the answer's length. An integer N: a fixed cap (answers longer than
+      N are cut to N, as the server's cap would cut them).
+    - ``pool_slots``: the pool the workload suggests.
+    """
+
+    start: int = 0
+    count: int | None = None
+    seconds_per_step: float = DEFAULT_SECONDS_PER_STEP
+    rate: float = 1.0
+    max_tokens: str | int = "context"
+    max_context: int = DEFAULT_MAX_CONTEXT
+    length_scale: float = 1.0
+    pool_slots: int = TRACE_POOL_SLOTS
+
+    def __post_init__(self) -> None:
+        _check_int("start", self.start, 0)
+        if self.count is not None:
+            _check_int("count", self.count, 1, MAX_TRACE_REQUESTS)
+        _check_positive("seconds_per_step", self.seconds_per_step)
+        _check_positive("rate", self.rate)
+        _check_positive("length_scale", self.length_scale, hi=1.0)
+        _check_int("max_context", self.max_context, 2, setting_spec("max_model_len").hi)
+        object.__setattr__(self, "pool_slots", setting_spec("pool_slots").check(self.pool_slots))
+        mode = self.max_tokens
+        if isinstance(mode, str) and mode.isdigit():
+            mode = int(mode)
+        if mode not in ("context", "answer"):
+            if isinstance(mode, bool) or not isinstance(mode, int) or mode < 1:
+                raise ConfigError(f"max_tokens must be 'context', 'answer' or a whole number >= 1, got {mode!r}")
+        object.__setattr__(self, "max_tokens", mode)
+
+    @classmethod
+    def of(cls, **options) -> "TraceOptions":
+        """From keyword options (None = the default); unknown names are a ConfigError."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ConfigError(f"unknown trace option(s) {', '.join(unknown)}: use {', '.join(sorted(names))}")
+        return cls(**{k: v for k, v in options.items() if v is not None})
+
+    def scaled(self, n: int) -> int:
+        return scale_length(n, self.length_scale)
+
+
+def scale_length(n: int, scale: float) -> int:
+    """A trace length at ``scale``: rounded, and at least one token."""
+    return max(1, round(n * scale))
+
+
+def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo:,}" if hi is None else f"in [{lo:,}, {hi:,}]"
+        raise ConfigError(f"{name} must be {bound}, got {value:,}")
+
+
+def _check_positive(name: str, value, hi: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{name} must be at most {hi:g}, got {value!r}")
+
+
+def _is_trace_name(name: str) -> bool:
+    lower = name.lower()
+    return lower.endswith(".csv") or lower.endswith(".csv.gz")
+
+
+def _open_bytes(data: bytes, name: str) -> io.TextIOBase:
+    if name.lower().endswith(".gz"):
+        return io.TextIOWrapper(gzip.GzipFile(fileobj=io.BytesIO(data)), encoding="utf-8-sig", newline="")
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
+
+
+def _open_trace(path: Path) -> io.TextIOBase:
+    """The trace as a text stream, once it is known to be a regular file within the size cap."""
+    raw = open_capped(path, MAX_WORKLOAD_FILE_BYTES, "trace")
+    if path.name.lower().endswith(".gz"):
+        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8-sig", newline="")
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+
+
+_WHOLE = re.compile(r"\s*\d+\s*")
+
+
+def _whole(where: str, column: str, text: str) -> int:
+    if not _WHOLE.fullmatch(text) or int(text) < 1:
+        raise ConfigError(f"{where}: {column} must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _seconds(where: str, text: str) -> float:
+    """A TIMESTAMP: seconds as a number, or an ISO date-time (naive ones read as UTC)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read workload file {str(path)!r}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"workload file {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    return parse_workload(data, path.name, seed)
+        value = float(text)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise ConfigError(
+                f"{where}: TIMESTAMP must be a date-time such as 2023-11-16 18:15:46.68 or a number of seconds, got {text!r}"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return moment.timestamp()
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: TIMESTAMP must be a finite number of seconds, got {text!r}")
+    return value
+
+
+def _trace_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterator[TraceRow]:
+    """Stream the rows of a trace CSV after the first ``start`` (those are not parsed). The
+    header names the columns (any order, extra columns ignored). Raises ConfigError naming the
+    row and the column of the first bad value."""
+    row = 0
+    with stream:
+        try:
+            reader = csv.reader(stream)
+            header = next((h for h in reader if any(c.strip() for c in h)), None)
+            if header is None:
+                raise ConfigError(f"{name}: the trace is empty (expected a header {','.join(TRACE_COLUMNS)})")
+            names = [h.strip() for h in header]
+            missing = [c for c in TRACE_COLUMNS if c not in names]
+            if missing:
+                raise ConfigError(
+                    f"{name}: missing column(s) {', '.join(missing)} in the header (a trace needs {', '.join(TRACE_COLUMNS)})"
+                )
+            cols = [names.index(c) for c in TRACE_COLUMNS]
+            width = max(cols) + 1
+            for fields_ in reader:
+                if not any(f.strip() for f in fields_):
+                    continue  # blank line
+                row += 1
+                if row > MAX_TRACE_ROWS:
+                    raise ConfigError(f"{name}: more than {MAX_TRACE_ROWS:,} rows; use a shorter trace")
+                if row <= start:
+                    continue
+                where = f"{name} row {row}"
+                if len(fields_) < width:
+                    lacking = [c for c, i in zip(TRACE_COLUMNS, cols) if i >= len(fields_)]
+                    raise ConfigError(f"{where}: no value for {', '.join(lacking)}")
+                t, p, a = (fields_[i] for i in cols)
+                yield TraceRow(row, _seconds(where, t), _whole(where, "ContextTokens", p), _whole(where, "GeneratedTokens", a))
+        except csv.Error as exc:
+            raise ConfigError(f"{name}: not a readable CSV after row {row}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{name}: not UTF-8 text ({exc.reason})") from None
+        except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
+            raise ConfigError(f"{name}: cannot read the trace: {exc}") from None
+
+
+def read_trace_rows(path, start: int = 0, count: int | None = None) -> list[TraceRow]:
+    """Rows of a trace file after the first ``start``: ``count`` of them (None: all, at most
+    :data:`MAX_TRACE_REQUESTS`). For callers that need the lengths themselves (the real-model
+    replay of :mod:`pagedkv_core.trace_prompts`)."""
+    path = Path(path)
+    rows: list[TraceRow] = []
+    limit = MAX_TRACE_REQUESTS if count is None else count
+    for r in _trace_rows(_open_trace(path), path.name, start):
+        if len(rows) == limit:  # only without a count
+            raise ConfigError(f"{path.name}: more than {MAX_TRACE_REQUESTS:,} rows after row {start:,}: give a row count")
+        rows.append(r)
+        if len(rows) == count:
+            break
+    if not rows:
+        raise ConfigError(f"{path.name}: no requests after row {start:,}")
+    return rows
+
+
+def trace_workload(path, seed: int = 0, options: TraceOptions | None = None, *, name: str | None = None,
+                   description: str | None = None) -> Workload:
+    """A trace file as a workload (see :class:`TraceOptions`); prompts are seeded random tokens
+    of each row's ContextTokens. Reads the file as a stream and stops after the last request used."""
+    path = Path(path)
+    options = options or TraceOptions()
+    return _trace_from_rows(_trace_rows(_open_trace(path), path.name, options.start), path.name, seed, options,
+                            name=name, description=description)
+
+
+def _trace_from_rows(rows: Iterable[TraceRow], file_name: str, seed: int, opt: TraceOptions, *,
+                     name: str | None = None, description: str | None = None) -> Workload:
+    mode = opt.max_tokens
+    context = opt.scaled(opt.max_context)
+    cap = opt.scaled(mode) if isinstance(mode, int) else None
+    limit = MAX_TRACE_REQUESTS if opt.count is None else opt.count
+    kept: list[tuple[TraceRow, int, int, int]] = []  # (row, prompt_len, output_len, max_tokens)
+    left_out = 0
+    last_row = opt.start
+    for r in rows:
+        if len(kept) == limit:  # only without a count: one more row means too many
+            raise ConfigError(
+                f"{file_name}: more than {MAX_TRACE_REQUESTS:,} requests after row {opt.start:,}: give a count of at most {MAX_TRACE_REQUESTS:,}"
+            )
+        last_row = r.row
+        prompt, answer = opt.scaled(r.prompt_len), opt.scaled(r.answer_len)
+        if mode == "context":
+            if prompt + answer > context:
+                left_out += 1
+                continue
+            kept.append((r, prompt, answer, context - prompt))
+        elif mode == "answer":
+            kept.append((r, prompt, answer, answer))
+        else:
+            kept.append((r, prompt, min(answer, cap), cap))
+        if len(kept) == opt.count:
+            break  # the rows after the window are never read
+    if not kept:
+        why = f" ({left_out:,} left out: longer than the {context:,}-token context)" if left_out else ""
+        raise ConfigError(f"{file_name}: no requests after row {opt.start:,}{why}")
+    t0 = min(r.time_s for r, *_ in kept)
+    per_step = opt.seconds_per_step / opt.rate
+    budget = _TokenBudget(file_name, "use fewer rows (count) or a length_scale below 1")
+    reqs = []
+    for r, prompt, answer, max_tokens in kept:
+        at = (r.time_s - t0) / per_step
+        if not at <= MAX_ARRIVAL_STEP:  # NaN and infinity too (1e308 - -1e308)
+            raise ConfigError(
+                f"{file_name} row {r.row}: arrives at step {at:,.0f}, beyond {MAX_ARRIVAL_STEP:,}; "
+                f"use more seconds per step or fewer rows"
+            )
+        step = int(at)
+        rid = f"r{r.row}"
+        if prompt > MAX_PROMPT_LEN or max(answer, max_tokens) > MAX_OUTPUT_LEN:
+            what = (f"prompt of {prompt:,} tokens" if prompt > MAX_PROMPT_LEN
+                    else f"answer of {max(answer, max_tokens):,} tokens")
+            bound = MAX_PROMPT_LEN if prompt > MAX_PROMPT_LEN else MAX_OUTPUT_LEN
+            reqs.append(WorkloadRequest(rid, (), 1, 1, arrival_step=step,
+                                        reject_reason=f"{what} is longer than the {bound:,} allowed"))
+            continue
+        budget.take(prompt)
+        rng = np.random.default_rng([seed, r.row])
+        reqs.append(WorkloadRequest(rid, _tokens(rng, prompt), answer, max_tokens, arrival_step=step))
+    if description is None:
+        description = _trace_description(file_name, opt, len(kept), kept[0][0].row, last_row, left_out, context, cap)
+    return Workload(name or file_name, description, tuple(reqs), opt.pool_slots)
+
+
+def _trace_description(file_name: str, opt: TraceOptions, n: int, first: int, last: int, left_out: int,
+                       context: int, cap: int | None) -> str:
+    parts = [f"{n:,} requests from rows {first:,}-{last:,} of {file_name}"]
+    if left_out:
+        parts.append(f"{left_out:,} left out (longer than the {context:,}-token context)")
+    if opt.length_scale != 1:
+        parts.append(f"lengths x {opt.length_scale:g}")
+    step_ms = opt.seconds_per_step / opt.rate * 1000
+    parts.append(f"1 step = {step_ms:g} ms of trace time")
+    if opt.max_tokens == "context":
+        parts.append(f"max_tokens = the {context:,}-token context minus the prompt")
+    elif opt.max_tokens == "answer":
+        parts.append("max_tokens = the answer's length")
+    else:
+        parts.append(f"max_tokens = {cap:,}")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------- the registry
+# The Azure trace scenarios: real prompt and answer lengths at their recorded arrival times (the
+# prompts' token ids are seeded random: the trace publishes sizes only, so nothing is shared).
+# At 50 ms a step the full-size window keeps ~50 requests running on the paged pool, and more
+# waiting than reserve-the-maximum can run. The small one scales every length by 1/8 and the
+# step to 400 ms (a request lives 1/8 as many steps, so the same time per request), into a pool
+# small enough for the app's heatmaps; it is busier than the full one (the paged side preempts).
+AZURE_CONV_OPTIONS = dict(count=1000, max_tokens="context", max_context=DEFAULT_MAX_CONTEXT,
+                          seconds_per_step=DEFAULT_SECONDS_PER_STEP, pool_slots=TRACE_POOL_SLOTS)
+AZURE_CONV_SMALL_OPTIONS = dict(count=200, max_tokens="context", max_context=DEFAULT_MAX_CONTEXT,
+                                length_scale=1 / 8, seconds_per_step=8 * DEFAULT_SECONDS_PER_STEP, pool_slots=4096)
+
+
+def _azure_scenario(name: str, title: str, options: dict, seed: int) -> Workload:
+    opt = TraceOptions(**options)
+    w = _trace_from_rows(_shipped_rows(opt.start), AZURE_CONV_TRACE.name, seed, opt)
+    return Workload(name, f"{title}: {w.description}. Data: {AZURE_SOURCE}", w.requests, w.pool_slots)
+
+
+def azure_conv(seed: int = 0) -> Workload:
+    return _azure_scenario("azure-conv", "Azure's production conversation trace", AZURE_CONV_OPTIONS, seed)
+
+
+def azure_conv_small(seed: int = 0) -> Workload:
+    return _azure_scenario("azure-conv-small", "Azure's production conversation trace at 1/8 scale",
+                           AZURE_CONV_SMALL_OPTIONS, seed)
+
+
+@lru_cache(maxsize=4)
+def _shipped_rows(start: int) -> tuple[TraceRow, ...]:
+    """The shipped trace's rows after ``start``, parsed once per process (the app builds the
+    scenarios for its labels)."""
+    return tuple(_trace_rows(_open_trace(AZURE_CONV_TRACE), AZURE_CONV_TRACE.name, start))
+
+
+WORKLOADS = {
+    "explainer40": explainer40,
+    "shared_preamble": shared_preamble,
+    "burst": burst,
+    "trickle": trickle,
+    "azure-conv": azure_conv,
+    "azure-conv-small": azure_conv_small,
+}
+
+
+@lru_cache(maxsize=None)
+def workload_description(name: str) -> str:
+    """A built-in workload's description (built once: the trace scenarios take ~0.1 s to build)."""
+    return build_workload(name).description
+
+
+def build_workload(name: str, seed: int = 0) -> Workload:
+    if name not in WORKLOADS:
+        raise ConfigError(f"unknown workload {name!r}: use one of {', '.join(WORKLOADS)}")
+    return WORKLOADS[name](seed)

@@ -3,7 +3,9 @@ import pandas as pd
 import streamlit as st
 
 from pagedkv_core.kv_math import format_bytes
-from pages.common import loaded_model, model_kv_shape
+from ui import settings
+from ui.models import loaded_model, model_kv_shape
+from ui.pages_registry import lessons
 
 st.title("pagedkv: see how an LLM server spends its KV-cache memory")
 st.markdown(
@@ -32,23 +34,16 @@ longest possible answer for each request in one contiguous piece.
 st.header("Lessons, in teaching order")
 st.markdown("Each lesson runs on the real engine and has a **Guide mode**: a fixed, seeded walkthrough with "
             "Next / Previous, so a workshop sees the same thing on every screen.")
-for path, label, what in (
-    ("pages/reserve_or_page.py", "1. Reserve or page", "contiguous reservations beside paged blocks, same requests, same memory"),
-    ("pages/live_engine.py", "2. Live engine", "submit prompts, watch SmolLM2's text stream while its blocks fill the pool"),
-    ("pages/prefix_sharing.py", "3. Prefix sharing and copy-on-write", "a shared system prompt computed once; forked samples"),
-    ("pages/under_pressure.py", "4. Under pressure: swap or recompute", "a load spike on a small pool, preempted two ways"),
-    ("pages/block_size.py", "5. Block size and pool sizing", "a block-size sweep and a pool calculator"),
-    ("pages/ops.py", "6. Ops dashboard", "the signals an operator watches"),
-):
+for page in lessons():
     c = st.columns([2, 5])
-    c[0].page_link(path, label=label)
-    c[1].caption(what)
+    c[0].page_link(page.path, label=f"{page.lesson}. {page.title}")
+    c[1].caption(page.description)
 
 st.header("The KV-cache arithmetic of the loaded model")
 lm = loaded_model()
 if lm is not None:
     shape = model_kv_shape(lm)
-    block_size = st.session_state.get("block_size", 16)
+    block_size = settings.current("block_size")
     per_token = {d: shape.bytes_per_token(d) for d in ("float32", "float16")}
     st.markdown(
         f"**{lm.name}**: {shape.num_layers} layers, {shape.num_heads} query heads sharing "

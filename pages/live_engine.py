@@ -1,26 +1,11 @@
 """Live engine: submit prompts to the paged engine running SmolLM2 and watch the text stream while
 the blocks fill the pool. Select a request to see its block table as logical -> physical arrows."""
-import math
-
-import numpy as np
 import streamlit as st
 
-from pagedkv_core.config import ConfigError, EngineConfig
-from pagedkv_core.events import APPEND, FINISH
-from pagedkv_core.prompts import CHAT_PROMPTS
-from pagedkv_core.sampling import SamplingParams
-from pagedkv_core.sequence import STATUS_NAMES
-from pages import guide, lesson_runs, player
-from pages.common import token_text_lookup
-from pages.guide import GuideStep
-from pages.lesson_runs import Recording, chat_prompt, new_recording
-from pages.lesson_viz import block_table_arrows, short_text
-from pages.runs import settings_config
-from pages.viz import LEGEND, pool_heatmap, slot_hover_text
-
-KEY = "live"
-GUIDE_CONFIG = EngineConfig(block_size=16, pool_slots=512, watermark=0.01, prefix_caching=True)
-MAX_PROMPT_CHARS = 20_000
+from ui import guide
+from ui.lessons import live_engine as lesson
+from ui.models import engine_factory, token_text_lookup
+from ui.timed_runs import cached
 
 st.title("Live engine")
 st.markdown(
@@ -30,239 +15,18 @@ st.markdown(
     "token it holds; **select** a request to see its block table."
 )
 
-guided = guide.mode(KEY)
-text_of = token_text_lookup() if lesson_runs.model_maker() is not None else None
-if text_of is None:
+guided = guide.mode(lesson.KEY)
+make = engine_factory()
+if make is None:
     st.stop()
-
-
-def status_of(rec: Recording, snap, rid: str, step: int) -> str:
-    if rid in rec.rejected and rec.requests[rid].arrival_step <= step:
-        return "rejected"
-    if snap is not None:
-        idx = rec.request_ids.index(rid)
-        states = [int(s) for r, s in zip(snap.seq_request, snap.seq_status) if int(r) == idx]
-        if states:
-            return STATUS_NAMES[min(states, key=lambda s: [1, 2, 3, 0].index(s) if s in (0, 1, 2, 3) else 9)]
-    if any(rec.outputs_at(step)[rid]) and rec.requests[rid].arrival_step <= step:
-        return "finished"
-    return "queued"
-
-
-def decode(ids: list[int]) -> str:
-    return "".join(text_of(t) for t in ids).replace("<|im_end|>", " ⟨end⟩")
-
-
-def block_arrows(rec: Recording, snap, rid: str):
-    idx = rec.request_ids.index(rid)
-    rows = [i for i in range(len(snap.seq_id)) if int(snap.seq_request[i]) == idx]
-    if not rows:
-        return None
-    i = rows[0]
-    table = snap.block_table(int(snap.seq_id[i]))
-    bs = snap.block_size
-    fills = [int(snap.block_fill[b]) for b in table]
-    refs = [int(snap.block_ref[b]) for b in table]
-    texts = [short_text("".join(text_of(int(t)) for t in snap.slot_token[b * bs: b * bs + f] if t >= 0), 80)
-             for b, f in zip(table, fills)]
-    fig = block_table_arrows(table, fills, bs, f"{rid}: block table at step {snap.step}", texts, refs)
-    return fig, table, fills
-
-
-def render(rec: Recording, step: int, selected: str | None) -> None:
-    cfg = rec.config
-    snap = rec.at(step) if rec.snapshots else None
-    c = st.columns(6)
-    if snap is not None:
-        m = snap.metrics
-        c[0].metric("step", snap.step)
-        c[1].metric("running", m.num_running)
-        c[2].metric("waiting", m.num_waiting)
-        c[3].metric("KV usage", f"{m.kv_usage:.0%}", help="allocated blocks / pool")
-        c[4].metric("tokens generated", m.tokens_generated)
-        c[5].metric("this step took", f"{rec.wall_s[min(step, len(rec.wall_s) - 1)] * 1000:.0f} ms",
-                    help="measured wall time of engine.step(): the model's forward pass and the bookkeeping")
-    left, right = st.columns([3, 2])
-    with left:
-        if snap is None:
-            n = cfg.pool_slots
-            fig = pool_heatmap(np.zeros(n, np.int8), np.full(n, -1, np.int32), ["free"] * n, cfg.block_size,
-                               f"{n:,} KV slots: all free (nothing submitted yet)", height=440)
-        else:
-            hover = slot_hover_text(snap, rec.request_ids, text_of)
-            fig = pool_heatmap(snap.slot_state, snap.slot_owner, hover, snap.block_size,
-                               f"{snap.num_slots:,} KV slots in blocks of {snap.block_size}, at step {snap.step}",
-                               shared_mask=snap.slot_state == 4, height=440)
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_heat", config={"displayModeBar": False})
-        st.caption(LEGEND)
-    with right:
-        if snap is None or selected is None:
-            st.info("Submit a prompt to see its block table here.")
-        else:
-            drawn = block_arrows(rec, snap, selected)
-            if drawn is None:
-                st.markdown(f"**{selected}** holds no blocks at step {snap.step} "
-                            f"({status_of(rec, snap, selected, step)}).")
-            else:
-                fig, table, fills = drawn
-                st.plotly_chart(fig, width="stretch", key=f"{KEY}_arrows", config={"displayModeBar": False})
-                tokens = int(sum(fills))
-                st.caption(f"{selected} holds {tokens} tokens in {len(table)} blocks of {snap.block_size}: "
-                           f"{math.ceil(tokens / snap.block_size)} = ⌈{tokens} / {snap.block_size}⌉. Its last block "
-                           f"(yellow) holds {fills[-1]} of {snap.block_size}; the other "
-                           f"{snap.block_size - fills[-1]} slots wait for the next tokens."
-                           + (" Orange: blocks shared with another request (prefix cache)." if any(
-                               int(snap.block_ref[b]) > 1 for b in table) else ""))
-    if not rec.requests:
-        return
-    st.markdown(f"**SmolLM2's answers at step {snap.step if snap is not None else 0}**")
-    outs = rec.outputs_at(step)
-    ids = rec.request_ids
-    cols = st.columns(min(3, len(ids)))
-    for k, rid in enumerate(ids):
-        info = rec.requests[rid]
-        status = status_of(rec, snap, rid, step)
-        with cols[k % len(cols)].container(border=True):
-            ttft = rec.ttft_s(rid)
-            first = rec.first_token_step(rid)
-            extra = f" · first token after {ttft:.2f} s" if ttft is not None and first is not None and first <= step else ""
-            st.markdown(f"**{rid}** · {status} · {len(info.prompt_ids)} prompt tokens{extra}  \n*{short_text(info.text, 90)}*")
-            if status == "rejected":
-                st.error(rec.rejected[rid])
-            else:
-                st.markdown(decode(outs[rid][0]) if outs[rid] and outs[rid][0] else "…")
-
-
-# ---------------------------------------------------------------------------- guide
-def guide_steps(rec: Recording) -> list[GuideStep]:
-    ids = rec.request_ids
-    first = ids[0]
-    p0 = len(rec.requests[first].prompt_ids)
-    bs = rec.config.block_size
-    appends = rec.events(APPEND)
-    app_step, app_ev = appends[0] if appends else (1, None)
-    finishes = rec.events(FINISH)
-    fin_step, fin_ev = finishes[0] if finishes else (len(rec.snapshots) - 1, None)
-    last = len(rec.snapshots) - 1
-    total_tokens = rec.snapshots[-1].metrics.tokens_generated
-    total_s = sum(rec.wall_s)
-    grow = app_ev.request_id if app_ev else first
-    longest = max(ids, key=lambda r: len(rec.requests[r].prompt_ids))
-    return [
-        GuideStep("Three prompts arrive", f"Three chat prompts arrive together and are prefilled in one step. {first}'s "
-                  f"prompt is {p0} tokens (the chat template adds a system line), so it takes ⌈{p0} / {bs}⌉ = "
-                  f"{math.ceil(p0 / bs)} blocks and its last block holds {p0 - (math.ceil(p0 / bs) - 1) * bs} of {bs}. "
-                  "The first token of each answer comes out of the same step.", {"step": 0, "select": first}),
-        GuideStep("What a cell holds", "Every cell of the heatmap is one token slot: the K and V vectors of one token in all "
-                  "30 layers. Hover a coloured cell to read its token. The orange cells at the end of each request are "
-                  "allocated but still empty: that is the only waste paging leaves, less than one block per request.",
-                  {"step": 0, "select": ids[1]}),
-        GuideStep("Decoding", "From now on every step adds one token to every running request: the answers below grow "
-                  "token by token, and so does the filled part of each last block.", {"step": min(3, last), "select": first}),
-        GuideStep("A new block", f"At step {app_step} {grow}'s last block was full, so the block manager appended a fresh "
-                  f"one{' (physical block ' + str(app_ev.detail['blocks'][0]) + ')' if app_ev else ''}. Blocks are "
-                  "allocated one at a time, only when a token needs one.", {"step": app_step, "select": grow}),
-        GuideStep("Logical to physical", f"{longest}'s block table maps its logical blocks 0, 1, 2, … (positions in the "
-                  "sequence) to physical blocks in the pool. They need not be neighbours: attention reads the K/V "
-                  "through this table, so any free block will do.", {"step": app_step, "select": longest}),
-        GuideStep("A request finishes", f"At step {fin_step} {fin_ev.request_id if fin_ev else first} finished "
-                  f"({(fin_ev.detail['reason'] if fin_ev else 'length')}). Its blocks go back to the pool at once; the "
-                  "full ones keep their hash and show pale blue: a later request with the same prefix can reuse them.",
-                  {"step": fin_step, "select": fin_ev.request_id if fin_ev else first}),
-        GuideStep("Measured", f"All done after {last + 1} steps: {total_tokens} tokens generated in {total_s:.1f} s of "
-                  f"measured engine time on this machine ({total_tokens / max(total_s, 1e-9):.1f} tokens/s, all three "
-                  "requests batched together).", {"step": last, "select": ids[-1]}),
-    ]
-
-
-# ---------------------------------------------------------------------------- explore
-def live_recording(config: EngineConfig) -> Recording | None:
-    key = (config, st.session_state.get("model_path", ""))
-    held = st.session_state.get(f"_{KEY}_rec")
-    if held and held[0] == key:
-        return held[1]
-    make = lesson_runs.model_maker()
-    if make is None:
-        return None
-    rec = new_recording("live", config, make)
-    if held:
-        st.info("The engine settings changed, so a fresh engine (with an empty pool) took over.")
-    st.session_state[f"_{KEY}_rec"] = (key, rec)
-    st.session_state[f"{KEY}_step"] = 0
-    player.stop(KEY)
-    return rec
-
-
-def submit_form(rec: Recording) -> None:
-    with st.form(f"{KEY}_form", border=True, clear_on_submit=True):
-        c = st.columns([3, 3, 1.4])
-        picks = c[0].multiselect("Pick example prompts", CHAT_PROMPTS, key=f"{KEY}_picks",
-                                 placeholder="Choose one or more")
-        own = c[1].text_area("…or type your own (one prompt)", key=f"{KEY}_own", height=90, max_chars=MAX_PROMPT_CHARS)
-        max_tokens = c[2].number_input("max tokens", 1, 256, 24, key=f"{KEY}_max_tokens",
-                                       help="The longest answer each request may get.")
-        sent = st.form_submit_button("Submit", type="primary", icon=":material/send:")
-    if not sent:
-        return
-    prompts = list(picks) + ([own.strip()] if own and own.strip() else [])
-    if not prompts:
-        st.error("Nothing to submit: pick an example prompt or type one.")
-        return
-    tok = lesson_runs.model_maker().tokenizer
-    for text in prompts:
-        rid = f"r{len(rec.requests)}"
-        rec.add(rid, chat_prompt(tok, text), SamplingParams(max_tokens=int(max_tokens)), text=text)
-    st.session_state[f"{KEY}_selected"] = rec.request_ids[len(rec.request_ids) - len(prompts)]
-    player.start(KEY)
-
+view = lesson.LiveView(token_text_lookup())
 
 if guided:
-    rec = lesson_runs.cached("live_guide", GUIDE_CONFIG,
-                             spinner="Running the guide's three prompts on SmolLM2 (about 20 steps)…")
+    rec = cached(lesson.guide_run, lesson.GUIDE_CONFIG,
+                 spinner="Running the guide's three prompts on SmolLM2 (about 20 steps)…")
     if rec is None:
         st.stop()
-    g = guide.nav(KEY, guide_steps(rec))
-    render(rec, int(g.show["step"]), g.show["select"])
+    g = guide.nav(lesson.KEY, lesson.guide_steps(rec))
+    view.render(rec, int(g.show["step"]), g.show["select"])
 else:
-    try:
-        config = settings_config("paged")
-    except ConfigError as exc:
-        st.error(str(exc))
-        st.stop()
-    rec = live_recording(config)
-    if rec is None:
-        st.stop()
-    submit_form(rec)
-    c = st.columns([6, 1.3])
-    c[0].caption(f"Engine: blocks of {config.block_size}, {config.pool_slots:,} slots, watermark {config.watermark:.0%}, "
-                 f"prefix caching {'on' if config.prefix_caching else 'off'} (from the sidebar). Greedy decoding.")
-    if c[1].button("New engine", icon=":material/restart_alt:", key=f"{KEY}_clear", width="stretch",
-                   help="Drop every request and start again with an empty pool."):
-        st.session_state.pop(f"_{KEY}_rec", None)
-        st.rerun()
-    player.controls(KEY, max(1, len(rec.snapshots)), can_grow=not rec.done)
-
-    @st.fragment(run_every=player.interval(KEY))
-    def live_view() -> None:
-        cur = int(st.session_state.get(f"{KEY}_step", 0))
-        if rec.requests and not rec.done:
-            need = cur + (2 if player.is_playing(KEY) else 1)
-            if len(rec.snapshots) < need:
-                with st.spinner("SmolLM2 is computing the next step…"):
-                    rec.step()
-        n = max(1, len(rec.snapshots))
-        step = player.tick(KEY, n, can_grow=bool(rec.requests) and not rec.done)
-        player.slider(KEY, n)
-        for rid, reason in rec.rejected.items():
-            if rec.requests[rid].arrival_step <= step:
-                st.error(f"{rid} was rejected: {reason}")
-        ids = rec.request_ids
-        selected = None
-        if ids:
-            if st.session_state.get(f"{KEY}_selected") not in ids:
-                st.session_state[f"{KEY}_selected"] = ids[0]
-            selected = st.selectbox("Show the block table of", ids, key=f"{KEY}_selected",
-                                    format_func=lambda r: f"{r}: {short_text(rec.requests[r].text, 60)}")
-        render(rec, step, selected)
-
-    live_view()
+    lesson.explore(view, make)

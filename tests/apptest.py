@@ -6,24 +6,16 @@ import json
 from pathlib import Path
 
 import numpy as np
-from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
+
+from ui.streamlit_compat import use_navigation_only
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 180
 
-# AppTest resets Streamlit's "legacy pages/ folder" flag before every run, which makes it run a
-# page file on its own, without app.py's shared sidebar. The app itself is started through
-# pages/serve.py, which clears that flag; do the same here so tests see what users see.
-_original_init = PagesManager.__init__
-
-
-def _navigation_only_init(self, *args, **kwargs):
-    _original_init(self, *args, **kwargs)
-    PagesManager.uses_pages_directory = False
-
-
-PagesManager.__init__ = _navigation_only_init
+# AppTest resets Streamlit's "legacy pages/ folder" flag before every run; the shim that the app's
+# launcher (ui/serve.py) uses keeps it off, so tests see what users see.
+use_navigation_only()
 
 
 def app(**query) -> AppTest:

@@ -27,11 +27,11 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_app(timeout: float = 120.0):
-    """Yields the base URL of a fresh `streamlit run app.py` on a free loopback port."""
+    """Yields the base URL of a fresh ``python -m ui.serve`` (= ``streamlit run app.py``) on a free loopback port."""
     port = free_port()
     log = open(ROOT / f".pytest_cache/streamlit-{port}.log", "w") if (ROOT / ".pytest_cache").is_dir() else subprocess.DEVNULL
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pages.serve", "--server.port", str(port),
+        [sys.executable, "-m", "ui.serve", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

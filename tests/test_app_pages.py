@@ -7,7 +7,7 @@ from pagedkv_core.engine import Engine
 from pagedkv_core.scripted import ScriptedSource
 from pagedkv_core.trace import write_trace
 from pagedkv_core.workloads import build_workload
-from pages.viz import color_codes
+from ui.figures import color_codes
 from tests.apptest import app, figure, open_page, plotly_array, uploader
 
 def engine_run(allocator: str, workload="explainer40", **cfg):
@@ -87,7 +87,7 @@ def test_ops_page_draws_the_four_signals():
 @pytest.mark.parametrize("param, value, fragment", [
     ("block_size", "7", "block_size"),
     ("pool_slots", "lots", "pool_slots"),
-    ("watermark", "0.9", "watermark"),
+    ("watermark", "1.5", "watermark"),
     ("workload", "nope", "workload"),
     ("preemption", "teleport", "preemption"),
 ])

@@ -1,4 +1,5 @@
-"""``python -m pagedkv_core bench``: result files are written and well-formed; bad input exits 2.
+"""``python -m pagedkv_core bench`` (a launcher of ``python -m benchmarks``): result files are
+written and well-formed; bad input exits 2; the flags and exit codes pass through.
 
 No timing assertions here: speed targets live in the benchmarks (``benchmarks/results``), never
 in timed tests. ``--quick`` runs tiny sizes into a temporary ``--out-dir`` so that the published
@@ -91,11 +92,41 @@ def test_quick_model_benchmarks_write_results(tmp_path):
 
 
 def test_gpu_is_skipped_with_the_reason_without_cuda(monkeypatch, capsys, tmp_path):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # The benchmarks run in a child process (python -m benchmarks): hide the GPUs from it.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert main(["bench", "gpu", "--out-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "skipped: no CUDA device" in out
     assert not list(tmp_path.glob("gpu*.json"))  # a skip never overwrites GPU results
     assert "not measured: no CUDA device" in (tmp_path / "README_TABLE.md").read_text()
+
+
+def test_help_and_usage_errors_pass_through_the_launcher():
+    helped = bench("--help", timeout=60)
+    assert helped.returncode == 0 and "--rounds" in helped.stdout and "throughput" in helped.stdout
+    assert helped.stdout.startswith("usage: python -m pagedkv_core bench")
+    bad = bench("--rounds", "x", timeout=60)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == "error: python -m pagedkv_core bench: argument --rounds: invalid int value: 'x'\n"
+
+
+def test_benchmarks_run_as_their_own_module(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "allocation", "--quick", "--out-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "allocation.json").read_text())
+    assert data["command"] == f"python -m benchmarks allocation --quick --out-dir {tmp_path}"
+    bad = subprocess.run([sys.executable, "-m", "benchmarks", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown benchmark 'nope'")
+
+
+def test_the_library_never_imports_the_benchmarks():
+    import ast
+
+    for path in (ROOT / "pagedkv_core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            assert not any(n.split(".")[0] == "benchmarks" for n in names), path
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "__import__":
+                raise AssertionError(f"{path}: __import__")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pagedkv_core.cli import add_engine_args, config_from_args, main
+from pagedkv_core import events
 from pagedkv_core.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +78,8 @@ def test_trace_out_writes_a_readable_trace(capsys, tmp_path):
     assert len(snaps) == s["steps"] and header["workload"] == "shared_preamble"
     assert len(header["requests"]) == s["requests"] and header["config"]["pool_slots"] == s["pool_slots"]
     assert [snap.step for snap in snaps] == list(range(s["steps"]))
+    kinds = {e.kind for snap in snaps for e in snap.events}
+    assert {events.ADMIT, events.CACHE_HIT, events.FINISH} <= kinds <= set(events.EVENT_KINDS)
 
 
 @pytest.mark.parametrize(
@@ -105,7 +108,7 @@ def test_bad_settings_exit_2_with_one_line(capsys, args, fragment):
     "content, fragment",
     [
         ("[{", "not valid JSON"),
-        ('[{"id": "a", "prompt_len": 5, "output_len": -2, "max_tokens": 3}]', "output_len must be >= 1, got -2"),
+        ('[{"id": "a", "prompt_len": "5", "output_len": 2, "max_tokens": 3}]', "prompt_len must be an integer, got '5'"),
         ('{"id": "a"}', "JSON list"),
     ],
 )
@@ -115,6 +118,17 @@ def test_bad_workload_files_exit_2(capsys, tmp_path, content, fragment):
     assert main(["simulate", "--workload-file", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err
+
+
+def test_a_request_out_of_bounds_is_rejected_while_the_others_run(capsys, tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps([
+        {"id": "neg", "prompt_len": 5, "output_len": -2, "max_tokens": 3, "arrival_step": 4},
+        {"id": "ok", "prompt_len": 5, "output_len": 2, "max_tokens": 3},
+    ]))
+    s = simulate_json(capsys, "--workload-file", str(path))
+    assert s["rejected"] == [{"id": "neg", "reason": "output_len must be >= 1, got -2"}]
+    assert s["finished"] == 1 and s["tokens_generated"] == 2 and s["steps"] == 5  # rejected at its arrival
 
 
 def test_unknown_workload_and_missing_source(capsys):
@@ -147,3 +161,53 @@ def test_engine_flag_helpers_are_reusable():
     args = parser.parse_args(["--block-size", "32", "--allocator", "contiguous"])
     cfg = config_from_args(args, pool_slots=4096)
     assert cfg.block_size == 32 and cfg.allocator == "contiguous" and cfg.pool_slots == 4096
+
+
+@pytest.mark.parametrize(
+    "allocator, policy, expected, peak",
+    [
+        ("contiguous", "max", "contiguous", 3),  # Orca (Max): prompt + max_tokens per reservation
+        ("contiguous", "pow2", "contiguous-pow2", 10),
+        ("contiguous", "oracle", "contiguous-oracle", 11),  # exactly the answer: the most at once
+        ("paged", "oracle", "paged", None),  # a paged allocator ignores the policy
+        ("contiguous-pow2", "pow2", "contiguous-pow2", 10),  # a policy that agrees is fine
+    ],
+)
+def test_contiguous_policy_selects_the_allocator(capsys, allocator, policy, expected, peak):
+    s = simulate_json(capsys, "--workload", "explainer40", "--allocator", allocator, "--contiguous-policy", policy)
+    assert s["allocator"] == expected and s["finished"] == 40
+    if peak is not None:
+        assert s["peak_running"] == peak
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--contiguous-policy", "huge"], "--contiguous-policy must be one of max, pow2, oracle, got 'huge'"),
+        (["--allocator", "contiguous-pow2", "--contiguous-policy", "oracle"], "selects contiguous-oracle"),
+    ],
+)
+def test_bad_contiguous_policy_exits_2(capsys, args, fragment):
+    assert main(["simulate", "--workload", "explainer40", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err
+
+
+def test_flag_defaults_and_help_come_from_the_config():
+    import argparse
+    import dataclasses
+
+    from pagedkv_core.allocator import ALLOCATORS
+    from pagedkv_core.cli.flags import NOT_FLAGS, engine_settings
+    from pagedkv_core.config import EngineConfig, setting_spec
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    settings = engine_settings(parser.parse_args([]))
+    names = [f.name for f in dataclasses.fields(EngineConfig) if f.name not in NOT_FLAGS and f.name != "pool_slots"]
+    assert list(settings) == names
+    assert settings == {name: setting_spec(name).default for name in names}
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps["watermark"].endswith("in [0, 1) (default 0.01)")
+    assert helps["pool_slots"].endswith("in [1, 1,048,576] (default 2048)") and helps["seed"].endswith("(default 0)")
+    assert " | ".join(ALLOCATORS) in helps["allocator"]

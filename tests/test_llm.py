@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 
+from pagedkv_core import events
 from pagedkv_core.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -85,10 +86,15 @@ def test_greedy_matches_transformers(llm, hf_tokens):
     outs = llm.generate(CHATS, GREEDY, chat=True)
     assert [o.request_id for o in outs] == ["0", "1", "2", "3"]
     assert token_ids(outs) == hf_tokens
-    for o in outs:
+    for o, chat in zip(outs, CHATS):
         c = o.outputs[0]
         assert c.finish_reason in ("stop", "length")
         assert c.text == llm.decode(c.token_ids)
+        assert o.prompt == chat and o.finish_reason == c.finish_reason and o.finished
+    # the engine's output classes, with the text filled in (one pair for both)
+    from pagedkv_core.outputs import CompletionOutput, RequestOutput
+
+    assert type(outs[0]) is RequestOutput and type(outs[0].outputs[0]) is CompletionOutput
     s = llm.last_summary
     assert s["tokens_generated"] == sum(map(len, hf_tokens))
     assert s["peak_running"] == 4 and s["tokens_per_s"] > 0
@@ -174,7 +180,7 @@ def test_fork_n3_copy_on_write(llm, prompt_ids):
     sp = SamplingParams(max_tokens=8, temperature=0.9, top_p=0.95, seed=7, n=3)
     outs, snaps, _ = run_engine(llm, [(prompt_ids[1], sp, 0)])
     kinds = [e.kind for s in snaps for e in s.events]
-    assert "fork" in kinds and kinds.count("cow") >= 1
+    assert events.FORK in kinds and kinds.count(events.COW) >= 1
     samples = outs[0].outputs
     assert [c.index for c in samples] == [0, 1, 2]
     assert all(1 <= len(c.token_ids) <= 8 for c in samples)

@@ -225,3 +225,110 @@ def test_sampler_draws_depend_only_on_seed_index_position():
     assert greedy == [int(logits[0].argmax())]
     # top_p small enough keeps only the most likely token
     assert sample(logits, [Draw(0, SamplingParams(temperature=1.0, top_p=1e-6), 9, 0, 1)]) == greedy
+
+
+def test_greedy_tokens_equal_argmax_ties_and_nan_included():
+    from pagedkv_core.model.sampler import greedy_tokens
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        x = torch.randn((1 + trial % 7, 49152), generator=g)
+        if trial % 3 == 0:
+            x = x.round()  # many exact ties: the first maximal index must win
+        if trial % 5 == 0:
+            x[0] = 0.0
+        assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))
+    x = torch.randn((4, 49152), generator=g)
+    x[1, 100], x[2, 7], x[3, 5] = float("nan"), float("inf"), float("-inf")
+    assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))
+    odd = torch.randn((3, 1000), generator=g)  # not a multiple of the slice width: plain argmax
+    assert torch.equal(greedy_tokens(odd), odd.argmax(dim=-1))
+
+
+def _paged_case(lens, block_size=8, num_heads=9, num_kv_heads=3, head_dim=16, seed=0):
+    """A shuffled pool with NaN in every slot no context covers."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in lens]
+    num_blocks = sum(need) + 2
+    k = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
+    v = k.clone()
+    table = torch.zeros((len(lens), max(need) + 1), dtype=torch.int32)
+    free = torch.randperm(num_blocks, generator=g).tolist()
+    for i, n in enumerate(lens):
+        for j in range(need[i]):
+            b = free.pop()
+            table[i, j] = b
+            filled = min(block_size, n - j * block_size)
+            k[b, :filled] = torch.randn((filled, num_kv_heads, head_dim), generator=g)
+            v[b, :filled] = torch.randn((filled, num_kv_heads, head_dim), generator=g)
+    return k, v, table, torch.tensor(lens, dtype=torch.int32)
+
+
+def test_decode_attention_plan_serves_every_layer_like_the_per_call_kernel():
+    """The forward builds the step's decode attention once and runs it per layer: each layer's
+    result must equal the one-shot kernel on that layer's pools, padding and empty contexts
+    included, and a layer with another shape is refused."""
+    import kernels
+    from kernels import reference
+
+    lens = [0, 1, 13, 40, 9]
+    k0, v0, table, ctx = _paged_case(lens)
+    g = torch.Generator().manual_seed(1)
+    # every layer: its own K/V in the same blocks (one block table per step), NaN elsewhere
+    layers = [(torch.where(k0.isnan(), k0, torch.randn(k0.shape, generator=g)),
+               torch.where(v0.isnan(), v0, torch.randn(v0.shape, generator=g))) for _ in range(3)]
+    attend = kernels.decode_attention(table, ctx)
+    for k, v in layers:
+        q = torch.randn((len(lens), 9, 16), generator=g)
+        out = attend(q, k, v, 0.25)
+        assert not torch.isnan(out).any()
+        assert torch.count_nonzero(out[0]) == 0  # context 0
+        for i, n in enumerate(lens[1:], start=1):
+            kk, vv = reference.gather_kv(k, v, table[i], n)
+            s = torch.einsum("hd,thd->ht", q[i], kk.repeat_interleave(3, dim=1)) * 0.25
+            want = torch.einsum("ht,thd->hd", s.softmax(-1), vv.repeat_interleave(3, dim=1))
+            torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out, reference.paged_attention_decode(q, k, v, table, ctx, 0.25))
+    with pytest.raises(ValueError, match="shape, dtype and device of the first call"):
+        attend(torch.zeros((len(lens), 9, 16)), layers[0][0][:-1], layers[0][1][:-1], 0.25)
+
+
+def test_cache_writer_plan_skips_minus_one_in_every_layer():
+    import kernels
+
+    slots = torch.tensor([5, -1, 0, 17])
+    write = kernels.cache_writer(slots)
+    for layer in range(3):
+        kc, vc = torch.zeros((4, 8, 2, 4)), torch.zeros((4, 8, 2, 4))
+        key = torch.full((4, 2, 4), float(layer + 1))
+        key[1] = 99.0  # the skipped token
+        write(key, -key, kc, vc)
+        flat = kc.view(-1, 2, 4)
+        assert [int(i) for i in flat[:, 0, 0].nonzero().squeeze(1)] == [0, 5, 17]
+        assert float(flat.max()) == layer + 1 and torch.equal(vc, -kc)
+    with pytest.raises(ValueError, match="shape, dtype and device of the first call"):
+        write(key[:2], key[:2], kc, vc)
+
+
+def test_threads_must_fit_the_machine():
+    from pagedkv_core.model.runner import ModelRunner
+
+    before = torch.get_num_threads()
+    cores = os.cpu_count() or 1
+    for bad in (0, -1, cores + 1, 1_000_000, True, 1.5, "2"):
+        with pytest.raises(ValueError, match=rf"threads must be an integer in \[1, {cores}\]") as exc:
+            ModelRunner(None, device="cpu", threads=bad)  # refused before the model is touched
+        assert "\n" not in str(exc.value)
+    assert torch.get_num_threads() == before
+
+
+def test_session_threads_split_the_cores_without_oversubscribing():
+    from pagedkv_core.model.runner import available_cores, session_threads
+
+    assert session_threads(1, cores=16) == 16
+    assert session_threads(3, cores=16) == 5
+    assert session_threads(32, cores=16) == 1
+    assert 1 <= session_threads(2) <= available_cores() <= (os.cpu_count() or 1)
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(ValueError, match="expected_sessions must be a positive integer"):
+            session_threads(bad)

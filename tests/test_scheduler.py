@@ -7,6 +7,7 @@ import pytest
 
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
+from pagedkv_core.events import ADMIT, PREEMPT_RECOMPUTE, PREEMPT_SWAP
 from pagedkv_core.kv_oracle import KVOracleSource
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.scripted import ScriptedSource, scripted_token
@@ -282,3 +283,18 @@ def test_step_outputs_carry_new_and_cumulative_tokens():
         seen.append(out.outputs[0].new_token_ids[0])
         assert out.outputs[0].token_ids == seen
     assert out.finished and out.finish_reason == "stop" and out.outputs[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_victim_is_the_most_recently_admitted_not_the_latest_submitted(preemption):
+    """Submission order (request index) and admission order differ: "late" is submitted first
+    but arrives at step 2, so it is admitted after "early". The engine preempts the most
+    recently admitted running sequence, as vLLM v1 does (the tail of its running list)."""
+    engine = make_engine(block_size=4, pool_slots=32, watermark=0.0, preemption=preemption, swap_slots=64)
+    add(engine, "late", range(4), output_len=20, max_tokens=24, arrival_step=2)
+    add(engine, "early", range(10, 14), output_len=20, max_tokens=24, arrival_step=0)
+    snaps = run_checked(engine)
+    admitted = [e.request_id for s in snaps for e in s.events if e.kind == ADMIT]
+    assert admitted[:2] == ["early", "late"]
+    victims = [e.request_id for s in snaps for e in s.events if e.kind in (PREEMPT_SWAP, PREEMPT_RECOMPUTE)]
+    assert victims and victims[0] == "late"

@@ -36,7 +36,7 @@ def test_paged_snapshot_fields_and_state_codes():
     add(engine, "a", range(3, 13), output_len=6, max_tokens=8, n=2)  # 10 tokens: blocks 4+4+2
     _, s0 = engine.step()  # prefill + fork
     assert s0.allocator == "paged" and s0.block_size == 4 and s0.num_slots == 64 and s0.num_blocks == 16
-    assert s0.slot_state.dtype == np.int8 and s0.slot_owner.dtype == np.int32 and s0.block_ref.dtype == np.int16
+    assert s0.slot_state.dtype == np.int8 and s0.slot_owner.dtype == np.int32 and s0.block_ref.dtype == np.int32
     assert len(s0.seq_id) == 2 and set(s0.seq_status.tolist()) == {SequenceStatus.RUNNING}
     t0 = s0.block_table(int(s0.seq_id[0]))
     assert t0 == s0.block_table(int(s0.seq_id[1])) and len(t0) == 3
@@ -134,7 +134,7 @@ def test_malformed_traces_raise_trace_error(tmp_path, content, fragment):
 
 def test_trace_with_wrong_array_lengths_is_rejected(tmp_path):
     _, snaps = shared_run()
-    path = write_trace(tmp_path / "t.jsonl", snaps[:1], {})
+    path = write_trace(tmp_path / "t.jsonl", snaps[:1], {}, version=1)  # a version-1 trace, edited by hand
     lines = path.read_text().splitlines()
     step = json.loads(lines[1])
     step["slot_state"] = step["slot_state"][:-1]

@@ -77,7 +77,7 @@ def test_block_size_sweep_utilization_falls_on_short_requests():
 
 
 def test_block_size_sweep_matches_the_engine():
-    from pages.block_size import short_chat
+    from ui.lessons.block_size import short_chat
 
     at = open_page("pages/block_size.py", block_size="32")
     engine = Engine(EngineConfig(block_size=32), ScriptedSource())
@@ -202,12 +202,13 @@ class CharTokenizer:
 
 
 def test_recordings_read_the_lesson_facts_back_from_the_engine():
-    from pages import lesson_runs
+    from ui.lessons.prefix_sharing import prefix_sharing_run
+    from ui.lessons.under_pressure import pressure_run
 
     def make(config):
         return Engine(config, ScriptedSource())
 
-    rec = lesson_runs.prefix_sharing_run(make, CharTokenizer(), EngineConfig(block_size=16, pool_slots=16384))
+    rec = prefix_sharing_run(make, CharTokenizer(), EngineConfig(block_size=16, pool_slots=16384))
     assert rec.done and rec.engine is None  # finished, pool released
     comp_a, skip_a = rec.prefill_tokens("A")
     comp_b, skip_b = rec.prefill_tokens("B")
@@ -218,8 +219,7 @@ def test_recordings_read_the_lesson_facts_back_from_the_engine():
     assert rec.prefill_tokens("D")[1] >= skip_b  # the preamble outlived every request
     assert len(rec.output_ids("C")) == 3
 
-    press = {m: lesson_runs.pressure_run(make, CharTokenizer(), EngineConfig(block_size=16, pool_slots=384, preemption=m,
-                                                                              watermark=0.1))
+    press = {m: pressure_run(make, CharTokenizer(), EngineConfig(block_size=16, pool_slots=384, preemption=m, watermark=0.1))
              for m in ("swap", "recompute")}
     for mode, r in press.items():
         pre = r.preemptions()

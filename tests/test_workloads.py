@@ -1,6 +1,7 @@
 """Built-in workloads, workload files, and the explainer40 claim."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -11,10 +12,15 @@ from pagedkv_core.engine import Engine
 from pagedkv_core.scripted import ScriptedSource
 from pagedkv_core.workloads import (
     EXPLAINER_MAX_TOKENS,
+    MAX_TRACE_REQUESTS,
     WORKLOADS,
+    TraceOptions,
     build_workload,
     load_workload_file,
     parse_workload,
+    read_trace_rows,
+    trace_workload,
+    workload_from_bytes,
 )
 
 
@@ -138,3 +144,167 @@ def test_unreadable_or_malformed_workload_files(tmp_path):
 def test_unknown_workload_name():
     with pytest.raises(ConfigError, match="unknown workload 'nope'"):
         build_workload("nope")
+
+
+# ---------------------------------------------------------------------------- request traces (CSV)
+TRACE = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:15:46.6805900,374,44
+2023-11-16 18:15:50.9951690,396,109
+2023-11-16 18:15:51.2224670,879,55
+2023-11-16 18:15:51.3910170,91,16
+2023-11-16 18:15:53.0000000,1900,300
+"""
+
+
+def write(tmp_path, text, name="trace.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_trace_csv_is_a_workload(tmp_path):
+    w = load_workload_file(write(tmp_path, TRACE), seed=0, max_tokens="answer")
+    assert [r.id for r in w.requests] == ["r1", "r2", "r3", "r4", "r5"]
+    assert [len(r.prompt) for r in w.requests] == [374, 396, 879, 91, 1900]
+    assert [r.output_len for r in w.requests] == [44, 109, 55, 16, 300]
+    assert [r.max_tokens for r in w.requests] == [44, 109, 55, 16, 300]
+    # 50 ms a step: 0, 4.31 s, 4.54 s, 4.71 s, 6.32 s after the first request.
+    assert [r.arrival_step for r in w.requests] == [0, 86, 90, 94, 126]
+    assert load_workload_file(tmp_path / "trace.csv", seed=0, max_tokens="answer") == w
+    assert load_workload_file(tmp_path / "trace.csv", seed=1, max_tokens="answer") != w
+    summary = run(w, allocator="paged")
+    assert summary.finished == 5 and summary.tokens_generated == 44 + 109 + 55 + 16 + 300
+
+
+def test_trace_options_rows_time_scale_and_max_tokens(tmp_path):
+    path = write(tmp_path, TRACE)
+    w = load_workload_file(path, start=1, count=2, seconds_per_step=0.5, max_tokens=100)
+    assert [r.id for r in w.requests] == ["r2", "r3"]
+    assert [r.arrival_step for r in w.requests] == [0, 0]  # 0.23 s apart, 0.5 s a step
+    assert [(r.output_len, r.max_tokens) for r in w.requests] == [(100, 100), (55, 100)]  # the cap cuts r2
+    faster = load_workload_file(path, seconds_per_step=0.5, rate=4.0, max_tokens="answer")
+    assert [r.arrival_step for r in faster.requests] == [0, 34, 36, 37, 50]
+    # The model's context: prompt + max_tokens = 2,048; the 1,900 + 300 row cannot be served.
+    ctx = load_workload_file(path)
+    assert [r.id for r in ctx.requests] == ["r1", "r2", "r3", "r4"]
+    assert all(len(r.prompt) + r.max_tokens == 2048 for r in ctx.requests)
+    assert "1 left out" in ctx.description and "2,048-token context" in ctx.description
+    assert ctx.pool_slots == 65536
+    wide = load_workload_file(path, max_context=4096, pool_slots=8192)
+    assert len(wide.requests) == 5 and wide.requests[4].max_tokens == 4096 - 1900 and wide.pool_slots == 8192
+    small = load_workload_file(path, length_scale=1 / 8)
+    assert [(len(r.prompt), r.output_len, r.max_tokens) for r in small.requests[:2]] == [(47, 6, 256 - 47), (50, 14, 256 - 50)]
+    assert small.requests[3].output_len == 2  # 16 / 8
+
+
+def test_gzipped_traces_and_uploads(tmp_path):
+    plain = load_workload_file(write(tmp_path, TRACE), max_tokens="answer")
+    gz = tmp_path / "trace.csv.gz"
+    gz.write_bytes(gzip.compress(TRACE.encode()))
+    assert load_workload_file(gz, max_tokens="answer").requests == plain.requests
+    assert workload_from_bytes(gz.read_bytes(), "up.csv.gz", max_tokens="answer").requests == plain.requests
+    assert workload_from_bytes(TRACE.encode("utf-8-sig"), "up.csv", max_tokens="answer").requests == plain.requests
+    window = workload_from_bytes(TRACE.encode(), "up.csv", start=2, count=2)
+    assert [r.id for r in window.requests] == ["r3", "r4"] and window.name == "up.csv"
+    with pytest.raises(ConfigError, match="up.csv row 3: GeneratedTokens"):
+        workload_from_bytes(TRACE.replace("879,55", "879,?").encode(), "up.csv")
+    with pytest.raises(ConfigError, match="cannot read up.json: not UTF-8"):
+        workload_from_bytes(b"\xff[", "up.json")
+    js = workload_from_bytes(json.dumps([{"id": "x", "prompt": [5], "output_len": 1, "max_tokens": 1}]).encode(), "w.json")
+    assert [r.id for r in js.requests] == ["x"]
+
+
+def test_columns_in_any_order_extra_columns_and_blank_lines(tmp_path):
+    text = "GeneratedTokens,note,ContextTokens,TIMESTAMP\n\n7,hi,30,10.0\n\n9,,12,12.5\n"
+    w = load_workload_file(write(tmp_path, text), max_tokens="answer", seconds_per_step=1.0)
+    assert [(r.id, len(r.prompt), r.output_len, r.arrival_step) for r in w.requests] == [("r1", 30, 7, 0), ("r2", 12, 9, 2)]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (TRACE.replace("879,55", "879,x"), "trace.csv row 3: GeneratedTokens must be a whole number >= 1, got 'x'"),
+        (TRACE.replace("879,55", "879,0"), "trace.csv row 3: GeneratedTokens must be a whole number >= 1, got '0'"),
+        (TRACE.replace("91,16", "-91,16"), "trace.csv row 4: ContextTokens must be a whole number >= 1, got '-91'"),
+        (TRACE.replace("374,44", "37.5,44"), "trace.csv row 1: ContextTokens must be a whole number >= 1, got '37.5'"),
+        (TRACE.replace("2023-11-16 18:15:51.39", "yesterday"), "trace.csv row 4: TIMESTAMP must be a date-time"),
+        (TRACE.replace("1900,300", "1900"), "trace.csv row 5: no value for GeneratedTokens"),
+        (TRACE.replace("GeneratedTokens", "Generated"), "missing column(s) GeneratedTokens"),
+        ("", "the trace is empty"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests after row 0"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,4000,10\n", "1 left out: longer than the 2,048-token context"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\n1e9,5,5\n", "row 2: arrives at step 20,000,000,000"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\nnan,5,5\n", "row 2: TIMESTAMP must be a finite number"),
+    ],
+)
+def test_bad_trace_rows_name_the_row_and_column(tmp_path, text, message):
+    with pytest.raises(ConfigError) as info:
+        load_workload_file(write(tmp_path, text))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_bad_row_after_the_window_is_never_read(tmp_path):
+    path = write(tmp_path, TRACE.replace("1900,300", "1900,oops"))
+    assert len(load_workload_file(path, count=4).requests) == 4
+    with pytest.raises(ConfigError, match="row 5: GeneratedTokens"):
+        load_workload_file(path)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"start": -1}, "start must be >= 0"),
+        ({"count": 0}, "count must be in [1, 5,000]"),
+        ({"count": MAX_TRACE_REQUESTS + 1}, "count must be in [1, 5,000]"),
+        ({"seconds_per_step": 0}, "seconds_per_step must be a number > 0"),
+        ({"rate": float("inf")}, "rate must be a number > 0"),
+        ({"length_scale": 2}, "length_scale must be at most 1"),
+        ({"max_tokens": "lots"}, "max_tokens must be 'context', 'answer' or a whole number >= 1, got 'lots'"),
+        ({"max_tokens": 0}, "got 0"),
+        ({"max_context": 1}, "max_context must be in [2,"),
+        ({"pool_slots": 0}, "pool_slots must be >= 1"),
+        ({"colour": "red"}, "unknown trace option(s) colour"),
+    ],
+)
+def test_bad_trace_options(tmp_path, options, message):
+    with pytest.raises(ConfigError) as info:
+        load_workload_file(write(tmp_path, TRACE), **options)
+    assert message in str(info.value)
+
+
+def test_trace_size_and_row_bounds(tmp_path, monkeypatch):
+    from pagedkv_core import workloads
+
+    rows = "".join(f"{i},10,5\n" for i in range(MAX_TRACE_REQUESTS + 1))
+    path = write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    with pytest.raises(ConfigError, match="more than 5,000 requests after row 0: give a count"):
+        load_workload_file(path, seconds_per_step=10.0)
+    assert len(load_workload_file(path, count=3, start=MAX_TRACE_REQUESTS - 1, seconds_per_step=10.0).requests) == 2
+    assert len(read_trace_rows(path, count=10)) == 10
+    monkeypatch.setattr(workloads, "MAX_WORKLOAD_FILE_BYTES", 100)
+    with pytest.raises(ConfigError, match="bytes, more than the 100 allowed"):
+        load_workload_file(path, count=3)
+    with pytest.raises(ConfigError, match="more than the 100 a workload file may have"):
+        workload_from_bytes(path.read_bytes(), "up.csv")
+
+
+def test_json_files_take_no_trace_options(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps([{"id": "x", "prompt": [5], "output_len": 1, "max_tokens": 1}]))
+    assert len(load_workload_file(path, rate=None).requests) == 1  # None = not given
+    with pytest.raises(ConfigError, match="w.json: rate apply only to CSV request traces"):
+        load_workload_file(path, rate=2.0)
+
+
+def test_trace_options_defaults_are_stated():
+    opt = TraceOptions()
+    assert (opt.start, opt.count, opt.seconds_per_step, opt.rate, opt.max_tokens, opt.max_context, opt.length_scale,
+            opt.pool_slots) == (0, None, 0.05, 1.0, "context", 2048, 1.0, 65536)
+    assert TraceOptions.of(max_tokens="512", rate=None).max_tokens == 512
+
+
+def test_corrupt_gzip_is_a_config_error(tmp_path):
+    gz = tmp_path / "t.csv.gz"
+    gz.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    with pytest.raises(ConfigError, match="t.csv.gz: cannot read the trace"):
+        trace_workload(gz)

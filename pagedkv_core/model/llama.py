@@ -33,15 +33,20 @@ import kernels
 
 
 class Linear:
-    """``y = x @ weight.T + bias``. On the CPU in fp32 the weight is pre-packed once into oneDNN's
-    blocked layout (``torch.ops.mkldnn``), which runs the small-batch matmuls of decoding about
-    1.6x faster than a plain GEMM on the row-major weight; elsewhere it is ``F.linear``."""
+    """``y = x @ weight.T + bias``. On the CPU in fp32 and bf16 the weight is pre-packed once into
+    oneDNN's blocked layout (``torch.ops.mkldnn``), which runs the small-batch matmuls of decoding
+    about 1.6x (fp32) and 2x (bf16, on AMX/AVX512-BF16 cores) faster than a plain GEMM on the
+    row-major weight; elsewhere it is ``F.linear``. :meth:`add` folds a residual into the GEMM's
+    output (oneDNN's sum post-op) in fp32, where that is exact (the accumulator is the output);
+    in bf16 it would skip the rounding of the product before the add that transformers does, so
+    there it stays a separate add."""
 
-    __slots__ = ("weight", "bias", "packed")
+    __slots__ = ("weight", "bias", "packed", "fused_add")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool):
         self.bias = bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 16) if pack else None
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32) if pack else None
+        self.fused_add = pack and weight.dtype == torch.float32
         self.weight = None if pack else weight  # the packed copy replaces it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,21 +54,34 @@ class Linear:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + self(x)``, in one pass over the output."""
+        if self.fused_add:
+            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
+        return residual + self(x)
+
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.weight, self.packed, self.bias) if t is not None]
 
 
+_PACK_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
+
+
 def _can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN pre-packed linears: CPU, fp32, oneDNN present, a self-test passes, and
-    ``PAGEDKV_CPU_LINEAR`` is not ``plain``."""
-    if device.type != "cpu" or dtype != torch.float32 or os.environ.get("PAGEDKV_CPU_LINEAR", "") == "plain":
+    """oneDNN pre-packed linears: CPU, fp32 or bf16, oneDNN present, a self-test of the GEMM and
+    of its residual post-op passes, and ``PAGEDKV_CPU_LINEAR`` is not ``plain``."""
+    if (device.type != "cpu" or dtype not in _PACK_TOLERANCE
+            or os.environ.get("PAGEDKV_CPU_LINEAR", "") == "plain"):
         return False
     try:
         if not torch.backends.mkldnn.is_available():
             return False
-        w, x = torch.randn(48, 32), torch.randn(5, 32)
-        return bool(torch.allclose(Linear(w, None, True)(x), F.linear(x, w), atol=1e-4))
-    except Exception:  # an op missing from this build: plain GEMMs
+        g = torch.Generator().manual_seed(0)
+        w, x, r = (torch.randn(shape, generator=g).to(dtype) for shape in ((48, 32), (5, 32), (5, 48)))
+        lin, tol = Linear(w, None, True), _PACK_TOLERANCE[dtype]
+        return bool(torch.allclose(lin(x).float(), F.linear(x, w).float(), atol=tol, rtol=tol)
+                    and torch.allclose(lin.add(x, r).float(), (r + F.linear(x, w)).float(), atol=tol, rtol=tol))
+    except Exception:  # an op missing from this build, or no bf16 GEMM on this CPU: plain GEMMs
         return False
 
 
@@ -201,7 +219,7 @@ class LlamaModel:
         inv_freq, rope_scale = _rope_inv_freq(cfg)
         self.inv_freq = inv_freq.to(self.device)
         self.rope_scale = rope_scale
-        self._cos = self._sin = None
+        self._cos = self._sin_signed = None
         self._rope_len = 0
         self.ensure_rope(min(self.max_position, 4096))
 
@@ -230,7 +248,11 @@ class LlamaModel:
         freqs = pos[:, None] * self.inv_freq[None, :]  # same product as transformers, in fp32
         emb = torch.cat((freqs, freqs), dim=-1)
         self._cos = (emb.cos() * self.rope_scale).to(self.dtype)
-        self._sin = (emb.sin() * self.rope_scale).to(self.dtype)
+        sin = (emb.sin() * self.rope_scale).to(self.dtype)
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * (sin with its first half negated), bit for bit
+        # (negation is exact), which saves the negation and the concatenation in every layer
+        self._sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         self._rope_len = n
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -239,10 +261,9 @@ class LlamaModel:
         return weight * h.to(x.dtype)
 
     @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rot * sin
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        """transformers' ``x * cos + rotate_half(x) * sin``, with the sign folded into the table."""
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
     # --------------------------------------------------------------- forward
     def forward(
@@ -261,11 +282,15 @@ class LlamaModel:
         T = input_ids.shape[0]
         P = meta.num_prefill_tokens
         bs = meta.block_size
+        dbs = meta.decode_block_size or bs
         # (the caller makes sure the rotary table covers every position: ensure_rope)
         cos = self._cos.index_select(0, positions)[:, None, :]
-        sin = self._sin.index_select(0, positions)[:, None, :]
+        sin = self._sin_signed.index_select(0, positions)[:, None, :]
         h = F.embedding(input_ids, self.embed)
         q_size, kv_size = H * D, Hkv * D
+        # the step's indices, validated and built once for all layers
+        write_kv = kernels.cache_writer(meta.slot_mapping)
+        attend = kernels.decode_attention(meta.decode_block_tables, meta.decode_context_lens) if T > P else None
         for li, lw in enumerate(self.layers):
             k_flat, v_flat = k_pools[li], v_pools[li]
             usable = (k_flat.shape[0] // bs) * bs
@@ -278,27 +303,24 @@ class LlamaModel:
             qk = self._rotate(qkv[:, : q_size + kv_size].view(T, H + Hkv, D), cos, sin)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, q_size + kv_size :].view(T, Hkv, D)
-            kernels.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+            write_kv(k, v, k_cache, v_cache)
 
             attn = torch.empty((T, H, D), device=h.device, dtype=h.dtype)
             if P:
                 attn[:P] = self._prefill_attention(q[:P], k[:P], v[:P], k_flat, v_flat, meta)
-            if T > P:
-                dbs = meta.decode_block_size or bs
+            if attend is not None:
                 if dbs != bs:
                     k_cache, v_cache = k_flat.view(-1, dbs, Hkv, D), v_flat.view(-1, dbs, Hkv, D)
-                kernels.paged_attention_decode(
-                    q[P:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                    self.scale, attn[P:],
-                )
-            h = h + lw.o(attn.view(T, H * D))
+                attend(q[P:], k_cache, v_cache, self.scale, attn[P:])
+            h = lw.o.add(attn.view(T, H * D), h)
 
             x = self._rms_norm(h, lw.post_norm)
             gu = lw.gate_up(x)
             inter = gu.shape[-1] // 2
-            h = h + lw.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+            h = lw.down.add(F.silu(gu[:, :inter]) * gu[:, inter:], h)
 
-        h = h.index_select(0, sample_rows)
+        if sample_rows.shape[0] != T:  # (the decode-only step samples every row: no copy)
+            h = h.index_select(0, sample_rows)
         h = self._rms_norm(h, self.final_norm)
         return self.lm_head(h).float()
 

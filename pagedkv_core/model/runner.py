@@ -14,8 +14,11 @@ decodes mixed, see :mod:`pagedkv_core.model.llama`) and the sampler.
 """
 from __future__ import annotations
 
+import numbers
+import os
 import random
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -62,12 +65,52 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return _DTYPES[key]
 
 
+def check_threads(threads) -> int:
+    """``threads`` as an int in ``[1, os.cpu_count()]``, else a one-line ValueError (torch aborts
+    the whole process on an absurd count instead of raising)."""
+    cores = os.cpu_count() or 1
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or not 1 <= threads <= cores:
+        raise ValueError(f"threads must be an integer in [1, {cores}] (the CPU cores), got {threads!r}")
+    return int(threads)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def session_threads(expected_sessions: int = 1, cores: int | None = None) -> int:
+    """Torch threads for one engine when ``expected_sessions`` engines share the machine: the
+    cores split evenly, at least one each. More threads than cores per session oversubscribes
+    the machine (threads preempt each other mid-GEMM and every session slows down far more than
+    the split would), so a shared server should give each session this, not torch's default of
+    every core."""
+    if (isinstance(expected_sessions, bool) or not isinstance(expected_sessions, numbers.Integral)
+            or expected_sessions < 1):
+        raise ValueError(f"expected_sessions must be a positive integer, got {expected_sessions!r}")
+    return max(1, (cores or available_cores()) // expected_sessions)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What the last forward computed: its FLOPs follow from these (see ``bench roofline``)."""
+
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+    decode_context_tokens: int = 0  # sum of the decoding sequences' context lengths (new token included)
+    sampled_rows: int = 0
+
+
 class ModelRunner:
     """Runs a loaded Llama model over a paged KV pool; a :class:`TokenSource`.
 
     ``loaded_model``: a :class:`pagedkv_core.model.loader.LoadedModel`. ``device``: "cpu",
     "cuda" or "auto". ``dtype``: None (fp32 on CPU, bf16 on CUDA), or a name / torch dtype.
-    ``threads``: torch CPU threads (process-wide), None leaves torch's default.
+    ``threads``: torch CPU threads (process-wide) in ``[1, os.cpu_count()]``, None leaves torch's
+    default (see :func:`session_threads` for a server with several sessions).
     ``release_source``: free the transformers model's layer weights once copied (the runner then
     owns the only copy; ``loaded_model.model`` becomes None). For a model loaded for this runner alone.
     """
@@ -77,9 +120,7 @@ class ModelRunner:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if threads is not None:
-            if int(threads) < 1:
-                raise ValueError(f"threads must be >= 1, got {threads}")
-            torch.set_num_threads(int(threads))
+            torch.set_num_threads(check_threads(threads))
         self.loaded = loaded_model
         self.tokenizer = getattr(loaded_model, "tokenizer", None)
         hf = loaded_model.model
@@ -105,6 +146,7 @@ class ModelRunner:
         self.v_host: list[torch.Tensor] = []
         self._pool = self._host = None
         self.last_step_seconds = 0.0
+        self.last_step_shape = StepShape()
 
     # ------------------------------------------------------------------ sizing
     @property
@@ -270,6 +312,7 @@ class ModelRunner:
                 meta.decode_block_size = 1
             meta.decode_block_tables = to_dev(table)
             meta.decode_context_lens = to_dev(ctx)
+        self.last_step_shape = StepShape(P, len(decode), int(ctx.sum()) if decode else 0, len(sample_rows))
         if not sample_rows:
             sample_rows_t = torch.zeros(0, dtype=torch.long, device=dev)
         else:

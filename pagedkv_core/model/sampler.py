@@ -51,6 +51,27 @@ class Draw:
     position: int
 
 
+def greedy_tokens(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """``logits.argmax(-1)`` (the first maximal index of each row), computed the fast way.
+
+    On the CPU ``argmax`` over a 49,152-token vocabulary is a scalar loop (about 2 ns per logit,
+    3 ms for a batch of 32), while ``amax`` is vectorized (about 0.2 ns). So: the maximum of every
+    ``chunk``-wide slice of each row, the first slice holding the row's maximum, and ``argmax``
+    within that slice only. Rows holding NaN (where ``argmax`` returns the first NaN) and
+    vocabularies that are not a multiple of ``chunk`` take plain ``argmax``."""
+    rows, vocab = logits.shape
+    if logits.device.type != "cpu" or vocab % chunk or vocab <= chunk or rows == 0:
+        return logits.argmax(dim=-1)
+    slices = logits.view(rows, vocab // chunk, chunk)
+    slice_max = slices.amax(dim=-1)  # [rows, vocab / chunk]
+    row_max = slice_max.amax(dim=-1, keepdim=True)
+    if not bool(torch.isfinite(row_max).all()):  # NaN (or inf): keep argmax's exact semantics
+        return logits.argmax(dim=-1)
+    first = (slice_max == row_max).to(torch.uint8).argmax(dim=-1)  # first slice with the maximum
+    within = slices[torch.arange(rows), first].argmax(dim=-1)
+    return first * chunk + within
+
+
 def sample(logits: torch.Tensor, draws: list[Draw]) -> list[int]:
     """Tokens for ``draws`` from the float32 ``logits [rows, vocab]``, in order."""
     if not draws:
@@ -59,7 +80,8 @@ def sample(logits: torch.Tensor, draws: list[Draw]) -> list[int]:
     greedy = [j for j, d in enumerate(draws) if d.sampling.greedy]
     if greedy:
         rows = sorted({draws[j].row for j in greedy})
-        arg = logits[rows].argmax(dim=-1).tolist()
+        picked = logits if rows == list(range(logits.shape[0])) else logits[rows]  # (every row: no copy)
+        arg = greedy_tokens(picked).tolist()
         by_row = dict(zip(rows, arg))
         for j in greedy:
             out[j] = by_row[draws[j].row]

@@ -1,26 +1,38 @@
-"""What every page shares: the sidebar settings and the model, loaded once per process.
+"""The real model, loaded once per process, and what the pages build on it: engines with their own
+KV pools, chat prompts and token text.
 
-This module draws widgets and caches resources; it never allocates KV memory itself. The
+This module caches resources and shows load progress; it never allocates KV memory itself. The
 engine (``pagedkv_core``) does that, and the pages only read its snapshots.
 """
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+
 import streamlit as st
 
+from pagedkv_core.config import EngineConfig
+from pagedkv_core.engine import Engine
 from pagedkv_core.kv_math import KVShape
 from pagedkv_core.model.loader import ModelLoadError, gguf_cache_dir, load_model, resolve_source
+
+
+def model_path() -> str:
+    """The sidebar's model path ("" = the bundled SmolLM2)."""
+    return st.session_state.get("model_path", "") or ""
+
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def _load_cached(model_path: str, _progress=None):
     return load_model(model_path or None, progress=_progress)
 
 
-def loaded_model(model_path: str | None = None):
+def loaded_model(path: str | None = None):
     """The real model (bundled SmolLM2 unless the sidebar names another), loaded once per process.
     Shows progress while a first run converts the GGUF file. Returns None after showing st.error."""
-    model_path = st.session_state.get("model_path", "") if model_path is None else model_path
+    path = model_path() if path is None else path
     try:
-        source = resolve_source(model_path or None)
+        source = resolve_source(path or None)
     except ModelLoadError as exc:
         st.error(str(exc))
         return None
@@ -29,11 +41,11 @@ def loaded_model(model_path: str | None = None):
         if first_time:
             with st.status(f"Converting {source.name} to a local cache (first run only)…", expanded=True) as status:
                 bar = st.progress(0.0)
-                lm = _load_cached(model_path, _progress=lambda f, what: bar.progress(min(1.0, f), text=what))
+                lm = _load_cached(path, _progress=lambda f, what: bar.progress(min(1.0, f), text=what))
                 status.update(label=f"Loaded {lm.name} in {lm.load_seconds:.1f} s", state="complete", expanded=False)
         else:
             with st.spinner(f"Loading {source.name}…"):
-                lm = _load_cached(model_path, _progress=lambda f, what: None)
+                lm = _load_cached(path, _progress=lambda f, what: None)
     except ModelLoadError as exc:
         st.error(str(exc))
         return None
@@ -52,19 +64,26 @@ def _base_runner(model_path: str):
     return ModelRunner(lm, device="auto")  # the GPU when there is one (bf16, Triton kernels), else the CPU
 
 
-def real_engine(config):
-    """A fresh Engine on the real model with its own KV pool. Engines made here share one copy of
-    the weights (a shallow copy of a cached runner: ``bind`` gives each copy its own pools), so a
-    page can run several side by side. Returns None after st.error when the model cannot load."""
-    import copy
+@dataclass(frozen=True)
+class EngineFactory:
+    """``factory(config)``: a fresh Engine on the real model with its own KV pool. Every engine made
+    by one factory shares one copy of the weights (a shallow copy of the cached runner: ``bind``
+    gives each copy its own pools), so a page can run several side by side."""
 
-    from pagedkv_core.engine import Engine
+    runner: object  # pagedkv_core.model.runner.ModelRunner
+    tokenizer: object
 
+    def __call__(self, config: EngineConfig) -> Engine:
+        return Engine(config, copy.copy(self.runner))
+
+
+def engine_factory() -> EngineFactory | None:
+    """Engines on the sidebar's model, after :func:`loaded_model` has shown its progress on first
+    use. None (after st.error) when the model cannot load."""
     lm = loaded_model()
     if lm is None:
         return None
-    runner = copy.copy(_base_runner(st.session_state.get("model_path", "") or ""))
-    return Engine(config, runner)
+    return EngineFactory(_base_runner(model_path()), lm.tokenizer)
 
 
 def tokenizer():
@@ -72,9 +91,11 @@ def tokenizer():
     return None if lm is None else lm.tokenizer
 
 
-def chat_ids(text: str) -> list[int]:
-    """Token ids of ``text`` as one user turn of the model's chat template, with the generation prompt."""
-    enc = tokenizer().apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+def chat_prompt(tok, question: str, system: str | None = None) -> list[int]:
+    """Token ids of ``question`` as one user turn of the model's chat template (after an optional
+    system turn), with the generation prompt."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True)
     return [int(t) for t in (enc if isinstance(enc, list) else enc["input_ids"])]
 
 

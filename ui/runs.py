@@ -3,7 +3,6 @@ real-model runs (stepped by the page), and uploaded traces. Allocation always ha
 ``pagedkv_core``; this module only drives the engine's public API and keeps its snapshots."""
 from __future__ import annotations
 
-import io
 import json
 import tempfile
 from dataclasses import dataclass, field
@@ -11,84 +10,125 @@ from pathlib import Path
 
 import streamlit as st
 
+from pagedkv_core.allocator import allocator_kind
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
+from pagedkv_core.events import Event
 from pagedkv_core.scripted import ScriptedSource
 from pagedkv_core.snapshot import StepSnapshot
 from pagedkv_core.trace import TraceError, read_trace, write_trace
 from pagedkv_core.workloads import Workload, build_workload, parse_workload
+from ui import settings
 
-MAX_STEPS = 5000  # a scripted scenario that has not ended by then is cut short (and says so)
+MAX_SCRIPTED_STEPS = 5000  # a scripted scenario that has not ended by then is cut short (and says so)
+REAL_MAX_TOKENS = 256  # the longest answer a live chat request may ask for: what a contiguous server must reserve
 
 
 @dataclass
 class Run:
-    """One engine run: its snapshots so far, the request ids by index, and whether it is done."""
+    """One engine run: its steps so far, the request ids by index (the owner ids in snapshots),
+    and whether it is done.
+
+    Pages and figures read the steps only through :attr:`num_steps` and :meth:`at`, never the
+    list behind them, so the storage can become a delta-encoded recording without touching them.
+    """
 
     label: str
     config: EngineConfig
-    snapshots: list[StepSnapshot] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)
     header: dict = field(default_factory=dict)
     done: bool = False
     engine: Engine | None = None  # live runs only
     token_text: dict = field(default_factory=dict)  # token id -> text (real model)
+    _snapshots: list[StepSnapshot] = field(default_factory=list, repr=False)
 
     @property
     def allocator(self) -> str:
+        """The allocator's registry name (``paged``, ``contiguous``, ``contiguous-pow2``, ...)."""
         return self.config.allocator
 
+    @property
+    def kind(self) -> str:
+        """How the allocator lays sequences out: "paged" or "contiguous"."""
+        return allocator_kind(self.config.allocator)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self._snapshots)
+
     def at(self, step: int) -> StepSnapshot:
-        """The snapshot at ``step``, or the last one when this run ended earlier."""
-        return self.snapshots[min(step, len(self.snapshots) - 1)]
+        """The snapshot at ``step``, clamped to the steps recorded (the last one when this run
+        ended earlier). IndexError when nothing is recorded yet."""
+        if not self._snapshots:
+            raise IndexError(f"run {self.label!r} has no steps yet")
+        return self._snapshots[max(0, min(step, len(self._snapshots) - 1))]
+
+    def append(self, snapshot: StepSnapshot) -> None:
+        self._snapshots.append(snapshot)
+
+    def events(self, *kinds: str, upto: int | None = None) -> list[tuple[int, Event]]:
+        """(step, event) of the given kinds (all kinds when none given), in order, up to ``upto``."""
+        last = self.num_steps if upto is None else min(upto + 1, self.num_steps)
+        return [(s.step, e) for s in map(self.at, range(last)) for e in s.events if not kinds or e.kind in kinds]
+
+    def first(self, predicate, start: int = 0) -> int | None:
+        """The first step from ``start`` whose snapshot satisfies ``predicate``, or None."""
+        return next((self.at(i).step for i in range(start, self.num_steps) if predicate(self.at(i))), None)
+
+    def metric(self, name: str, *, steps: int | None = None, empty_as_none: bool = False) -> list:
+        """One StepMetrics field per step, padded with None to ``steps``; ``empty_as_none``: None
+        where nothing was allocated (a ratio of nothing)."""
+        out = []
+        for i in range(self.num_steps if steps is None else steps):
+            m = self.at(i).metrics if i < self.num_steps else None
+            out.append(None if m is None or (empty_as_none and not m.allocated_slots) else getattr(m, name))
+        return out
 
     def trace_bytes(self) -> bytes:
         with tempfile.TemporaryDirectory() as d:
-            path = write_trace(Path(d) / "trace.jsonl", self.snapshots, self.header)
+            path = write_trace(Path(d) / "trace.jsonl", self._snapshots, self.header)
             return path.read_bytes()
 
 
 def settings_config(allocator: str, **overrides) -> EngineConfig:
     """EngineConfig from the sidebar settings. Raises ConfigError (one line) on a bad combination."""
-    s = st.session_state
-    values = dict(
-        allocator=allocator,
-        block_size=int(s.get("block_size", 16)),
-        pool_slots=int(s.get("pool_slots", 2048)),
-        watermark=float(s.get("watermark", 0.01)),
-        preemption=s.get("preemption", "recompute"),
-        swap_slots=int(s.get("swap_slots", 1024)),
-        prefix_caching=bool(s.get("prefix_caching", True)),
-        seed=int(s.get("seed", 0)),
-    )
-    values.update(overrides)
-    return EngineConfig(**values)
+    return EngineConfig(**{**settings.engine_settings(), "allocator": allocator, **overrides})
 
 
 def current_workload() -> Workload:
     """The sidebar's workload: a named scenario, or the uploaded workload file. Raises ConfigError."""
     upload = st.session_state.get("workload_upload")
-    seed = int(st.session_state.get("seed", 0))
+    seed = int(settings.current("seed"))
     if upload is not None:
         try:
             data = json.loads(upload.getvalue().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"workload file {upload.name}: not JSON ({exc})") from None
         return parse_workload(data, name=upload.name, seed=seed)
-    return build_workload(st.session_state.get("workload", "explainer40"), seed=seed)
+    return build_workload(settings.current("workload"), seed=seed)
+
+
+def play_scripted(config: EngineConfig, workload: Workload, label: str) -> Run:
+    """Play a workload to the end (or MAX_SCRIPTED_STEPS) on the scripted source and keep every step."""
+    engine = Engine(config, ScriptedSource())
+    workload.submit(engine)
+    run = Run(label, config, request_ids=list(engine.requests))
+    while engine.has_unfinished() and run.num_steps < MAX_SCRIPTED_STEPS:
+        run.append(engine.step()[1])
+    run.header = {**engine.trace_header(), "summary": engine.summary().to_json()}
+    run.done = not engine.has_unfinished()
+    return run
 
 
 @st.cache_resource(show_spinner=False, max_entries=24)
 def scripted_run(config: EngineConfig, workload: Workload, label: str) -> Run:
-    """Play a workload to the end on the scripted source (instant) and keep every snapshot."""
-    engine = Engine(config, ScriptedSource())
-    workload.submit(engine)
-    run = Run(label, config, request_ids=list(engine.requests))
-    while engine.has_unfinished() and len(run.snapshots) < MAX_STEPS:
-        run.snapshots.append(engine.step()[1])
-    run.header = {**engine.trace_header(), "summary": engine.summary().to_json()}
-    run.done = not engine.has_unfinished()
-    return run
+    """:func:`play_scripted`, once per process for each (config, workload)."""
+    return play_scripted(config, workload, label)
+
+
+def scripted_pair(workload: Workload, **config) -> list[Run]:
+    """The workload on the contiguous baseline and on paged blocks (cached), same settings."""
+    return [scripted_run(EngineConfig(allocator=a, **config), workload, a) for a in ("contiguous", "paged")]
 
 
 def uploaded_trace() -> Run | None:
@@ -119,7 +159,9 @@ def uploaded_trace() -> Run | None:
         st.error(f"Cannot replay {upload.name}: its config is invalid ({exc})")
         return None
     ids = [r.get("id", str(i)) for i, r in enumerate(header.get("requests", []))]
-    run = Run(f"trace {upload.name}", config, snaps, ids, header, done=True)
+    run = Run(f"trace {upload.name}", config, ids, header, done=True)
+    for snap in snaps:
+        run.append(snap)
     st.session_state["_trace_cache"] = (key, run)
     return run
 
@@ -132,17 +174,12 @@ def current_runs() -> list[Run] | None:
     if st.session_state.get("trace_upload") is not None:
         return [trace] if trace is not None else None
     try:
-        if st.session_state.get("source") == "model":
+        if settings.current("source") == "model":
             return live_pair()
-        workload = current_workload()
-        return [scripted_run(settings_config("contiguous"), workload, "contiguous"),
-                scripted_run(settings_config("paged"), workload, "paged")]
+        return scripted_pair(current_workload(), **settings.engine_settings())
     except ConfigError as exc:
         st.error(str(exc))
         return None
-
-
-REAL_MAX_TOKENS = 256  # the longest answer a request may ask for: what a contiguous server must reserve
 
 
 def live_pair() -> list[Run] | None:
@@ -150,24 +187,23 @@ def live_pair() -> list[Run] | None:
     the page (``step_live``). Kept in the session until the settings change."""
     from pagedkv_core.prompts import CHAT_PROMPTS
     from pagedkv_core.sampling import SamplingParams
-    from pages.common import chat_ids, real_engine, token_text_lookup
+    from ui.models import chat_prompt, engine_factory, model_path, token_text_lookup
 
     configs = [settings_config("contiguous"), settings_config("paged")]
-    key = ("live", tuple(configs), st.session_state.get("model_path", ""))
+    key = ("live", tuple(configs), model_path())
     cached = st.session_state.get("_live_pair")
     if cached and cached[0] == key:
         return cached[1]
+    make = engine_factory()
+    if make is None:
+        return None
     runs = []
     for cfg in configs:
-        engine = real_engine(cfg)
-        if engine is None:
-            return None
+        engine = make(cfg)
         for i, text in enumerate(CHAT_PROMPTS):
-            engine.add_request(f"chat{i:02d}", chat_ids(text), SamplingParams(max_tokens=REAL_MAX_TOKENS))
-        run = Run(cfg.allocator, cfg, request_ids=list(engine.requests), header=engine.trace_header(),
-                  engine=engine, token_text={})
-        run.token_text = _TokenText(token_text_lookup())
-        runs.append(run)
+            engine.add_request(f"chat{i:02d}", chat_prompt(make.tokenizer, text), SamplingParams(max_tokens=REAL_MAX_TOKENS))
+        runs.append(Run(cfg.allocator, cfg, request_ids=list(engine.requests), header=engine.trace_header(),
+                        engine=engine, token_text=_TokenText(token_text_lookup())))
     with st.spinner("Prefilling 16 chat prompts on SmolLM2…"):
         step_live(runs, 0)
     st.session_state["_live_pair"] = (key, runs)
@@ -190,8 +226,8 @@ def step_live(runs: list[Run], shown_step: int) -> None:
     for run in runs:
         if run.engine is None or run.done:
             continue
-        if len(run.snapshots) <= shown_step + 1:
-            run.snapshots.append(run.engine.step()[1])
+        if run.num_steps <= shown_step + 1:
+            run.append(run.engine.step()[1])
             if not run.engine.has_unfinished():
                 run.done = True
                 run.header = {**run.engine.trace_header(), "summary": run.engine.summary().to_json()}
@@ -199,7 +235,7 @@ def step_live(runs: list[Run], shown_step: int) -> None:
 
 def live_texts(run: Run) -> list[tuple[str, str, str]]:
     """(request id, text so far, finish reason) of a live real-model run."""
-    from pages.common import tokenizer
+    from ui.models import tokenizer
 
     tok = tokenizer()
     out = []

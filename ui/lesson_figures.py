@@ -1,5 +1,5 @@
 """Figures of the teaching pages (block tables, timelines, sweeps, bars). Pure functions from
-recorded numbers to Plotly figures; the pool heatmap itself is :func:`pages.viz.pool_heatmap`."""
+recorded numbers to Plotly figures; the pool heatmap itself is :func:`ui.figures.pool_heatmap`."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from pagedkv_core.sequence import SequenceStatus
-from pages.viz import REQUEST_COLORS
+from ui.figures import REQUEST_COLORS
 
 FONT = dict(size=13)
 REF_COLORS = ["#9ecae1", "#fdae6b", "#e6550d", "#a63603", "#7f2704", "#4a1402"]  # ref 1, 2, 3, 4, 5, 6+
@@ -165,26 +165,31 @@ STATUS_STYLE = {
     int(SequenceStatus.SWAPPED): ("swapped out to host", "#0f766e"),
     int(SequenceStatus.PREEMPTED): ("preempted, waits to recompute", "#c026d3"),
 }
+# The most advanced first: a request with several samples shows the state of its most advanced one.
+STATUS_ORDER = [int(SequenceStatus.RUNNING), int(SequenceStatus.SWAPPED), int(SequenceStatus.PREEMPTED),
+                int(SequenceStatus.WAITING)]
 
 
-def status_timeline(request_ids: list[str], labels: list[str], snapshots, title: str, *, current_step=None,
-                    preemptions=()) -> go.Figure:
-    """Per request (rows) and step (columns): waiting, running, swapped or preempted; finished is blank.
-    ``preemptions``: (step, request id) pairs, drawn as ✕."""
-    steps = len(snapshots)
+def most_advanced(states) -> int:
+    """The most advanced of a request's sample states (by STATUS_ORDER)."""
+    return min(states, key=lambda s: STATUS_ORDER.index(s) if s in STATUS_ORDER else len(STATUS_ORDER))
+
+
+def status_timeline(run, labels: list[str], title: str, *, current_step=None, preemptions=()) -> go.Figure:
+    """Per request of ``run`` (rows, ``run.request_ids``) and step (columns, ``run.at``): waiting,
+    running, swapped or preempted; finished is blank. ``preemptions``: (step, request id) pairs, drawn as ✕."""
+    request_ids = run.request_ids
+    steps = run.num_steps
     n = len(request_ids)
     codes = np.full((n, steps), np.nan)
-    for s, snap in enumerate(snapshots):
+    for s in range(steps):
+        snap = run.at(s)
         for i in range(len(snap.seq_id)):
             r = int(snap.seq_request[i])
             if 0 <= r < n:
                 st_code = int(snap.seq_status[i])
                 prev = codes[r, s]
-                # a request with several samples: show its most advanced state
-                order = [int(SequenceStatus.RUNNING), int(SequenceStatus.SWAPPED), int(SequenceStatus.PREEMPTED),
-                         int(SequenceStatus.WAITING)]
-                if np.isnan(prev) or order.index(st_code) < order.index(int(prev)):
-                    codes[r, s] = st_code
+                codes[r, s] = st_code if np.isnan(prev) else most_advanced([st_code, int(prev)])
     fig = go.Figure()
     keys = list(STATUS_STYLE)
     scale = []

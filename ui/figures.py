@@ -140,7 +140,7 @@ def slot_hover_text(snap, request_ids: list[str], token_text=None) -> list[str]:
     state, owner, token = snap.slot_state, snap.slot_owner, snap.slot_token
     n = len(state)
     words = {int(k): v for k, v in STATE_WORDS.items()}
-    if snap.allocator == "paged":
+    if snap.kind == "paged":
         bs = snap.block_size
         ref = snap.block_ref
 

@@ -1,0 +1,224 @@
+"""``python -m pagedkv_core generate``: run prompts through the real model on the paged engine.
+
+    python -m pagedkv_core generate --prompt "What is the capital of France?" --chat --max-tokens 32
+    python -m pagedkv_core generate --prompts-file prompts.json --allocator contiguous --json
+
+The prompts file is a JSON list of strings or of ``{"prompt": str, "max_tokens": int}`` objects.
+With ``--json`` stdout is one object ``{"outputs": [...], "summary": {...}}``. Bad input exits
+with code 2 and one line on stderr; a prompt too long for the model or the pool is reported as
+rejected (with the reason) while the others run.
+
+Every setting is checked before torch or the model loads (:func:`pagedkv_core.pool_plan.preflight`),
+the KV pools included: a pool that would not fit the memory budget (``PAGEDKV_MEMORY_BUDGET``,
+default half of RAM) is refused with its numbers before anything is allocated. When stderr is
+not a terminal, or with ``--json``, nothing but that one error line ever reaches it (no loading bar).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from ..config import ConfigError
+from ..llm import DEFAULT_CPU_SLOTS, DEFAULT_MEMORY_FRACTION, HOST_SWAP_BUDGET  # no torch: the model loads in LLM()
+from ..memory import parse_size
+from ..pool_plan import preflight
+from ..safe_io import check_writable, loads_json, read_text_capped
+from ..sampling import SamplingParams
+from .flags import add_engine_args, config_from_args, engine_settings
+from .summary import summary_table
+
+POOL_DEFAULT = f"default: {DEFAULT_CPU_SLOTS} slots on the CPU, a profiled {DEFAULT_MEMORY_FRACTION:.0%} of the GPU on CUDA"
+_SAMPLING = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text with the real model through the paged KV engine",
+        description="Generate with SmolLM2 (or --model) through our own paged KV pool and block tables.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
+    src.add_argument("--prompts-file", metavar="PATH", help='JSON list of strings or {"prompt", "max_tokens"} objects')
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    s = p.add_argument_group("sampling")
+    d = _SAMPLING  # the defaults are SamplingParams' own
+    s.add_argument("--max-tokens", type=int, default=d["max_tokens"], metavar="N", help=f"tokens per answer (default {d['max_tokens']})")
+    s.add_argument("--temperature", type=float, default=d["temperature"], metavar="T", help=f"0 = greedy (default {d['temperature']:g})")
+    s.add_argument("--top-p", type=float, default=d["top_p"], metavar="P", help=f"nucleus sampling mass (default {d['top_p']:g})")
+    s.add_argument("--top-k", type=int, default=d["top_k"], metavar="K", help=f"keep the K most likely tokens (0 = off, default {d['top_k']})")
+    s.add_argument("--n", type=int, default=d["n"], metavar="N", help=f"parallel samples per prompt (fork + copy-on-write, default {d['n']})")
+    # The engine's --seed is the sampling seed here, and by default each request draws its own.
+    add_engine_args(p, default_notes={
+        "seed": "default: a random one per request",
+        "swap_slots": f"generate caps the default at {HOST_SWAP_BUDGET / 2**30:g} GiB of K/V",
+        "pool_slots": POOL_DEFAULT,
+    })
+    p.set_defaults(seed=d["seed"])
+    m = p.add_argument_group("model")
+    m.add_argument("--model", metavar="PATH", help="GGUF file or transformers directory (default: bundled SmolLM2-135M-Instruct)")
+    m.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
+    m.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
+    m.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads, 1 to the CPU cores")
+    m.add_argument("--pool-blocks", type=int, default=None, metavar="N", help="pool size in blocks (instead of --pool-slots)")
+    m.add_argument("--kv-budget", default=None, metavar="BYTES",
+                   help="size the pool from a memory budget, e.g. 64MiB (instead of --pool-slots); "
+                        + POOL_DEFAULT.replace("%", "%%"))
+    p.add_argument("--trace-out", metavar="PATH", help="write every step's snapshot as JSON lines")
+    p.add_argument("--json", action="store_true", help="print one JSON object: outputs and summary")
+    p.set_defaults(func=cmd_generate)
+
+
+MAX_PROMPTS_FILE_BYTES = 16 << 20  # checked before reading
+MAX_PROMPTS = 100_000  # prompts per run
+MAX_PROMPT_CHARS = 1 << 20  # characters per prompt (tokenized before the engine sees its length)
+
+
+def parse_bytes(text: str) -> int:
+    """``--kv-budget``: a size such as 64MiB (:func:`pagedkv_core.memory.parse_size`)."""
+    return parse_size(text, "--kv-budget")
+
+
+def load_prompts(path: str) -> list[tuple[str, int | None]]:
+    """(prompt, max_tokens or None) from a prompts file. Raises ConfigError (one line)."""
+    what = f"prompts file {path!r}"
+    data = loads_json(read_text_capped(path, MAX_PROMPTS_FILE_BYTES, "prompts file"), what)
+    if not isinstance(data, list) or not data:
+        raise ConfigError(f"{what} must hold a non-empty JSON list")
+    if len(data) > MAX_PROMPTS:
+        raise ConfigError(f"{what} holds {len(data):,} prompts, more than the {MAX_PROMPTS:,} allowed")
+    out = []
+    for i, item in enumerate(data):
+        if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+            unknown = set(item) - {"prompt", "max_tokens"}
+            if unknown:
+                raise ConfigError(f"{what}, item {i}: unknown key(s) {', '.join(sorted(unknown))}")
+            mt = item.get("max_tokens")
+            if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+                raise ConfigError(f"{what}, item {i}: max_tokens must be an integer >= 1, got {mt!r}")
+            prompt = item["prompt"]
+        elif isinstance(item, str):
+            prompt, mt = item, None
+        else:
+            raise ConfigError(f'{what}, item {i}: expected a string or {{"prompt": str, "max_tokens": int}}')
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise ConfigError(f"{what}, item {i}: {len(prompt):,} characters, more than the {MAX_PROMPT_CHARS:,} allowed")
+        out.append((prompt, mt))
+    return out
+
+
+def _sampling(args, max_tokens: int | None) -> SamplingParams:
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            n=args.n,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _pool_sizing(args) -> dict:
+    """The one way the pool is sized (LLM's keyword), from --pool-slots, --pool-blocks or --kv-budget."""
+    given = [(f, k, v) for f, k, v in (("--pool-slots", "pool_slots", args.pool_slots),
+                                       ("--pool-blocks", "pool_blocks", args.pool_blocks),
+                                       ("--kv-budget", "kv_budget_bytes", args.kv_budget)) if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give the pool size one way only, got {' and '.join(f for f, _, _ in given)}")
+    if not given:
+        return {}
+    flag_name, key, value = given[0]
+    if key == "kv_budget_bytes":
+        value = parse_bytes(value)
+    elif key == "pool_blocks" and value < 1:
+        raise ConfigError(f"--pool-blocks must be >= 1, got {value}")
+    return {key: value}
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ..model.loader import ModelLoadError  # no torch
+
+    # Every check that needs neither torch nor the model first: a bad value fails at once.
+    config_from_args(args, pool_slots=args.pool_slots or DEFAULT_CPU_SLOTS)
+    sizing = _pool_sizing(args)
+    _sampling(args, None)
+    if args.trace_out:
+        check_writable(args.trace_out, "trace")
+    model = dict(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads)
+    try:
+        preflight(**model, **engine_settings(args), **sizing)
+        items = [(p, None) for p in args.prompt] if args.prompt is not None else load_prompts(args.prompts_file)
+        params = [_sampling(args, mt) for _, mt in items]
+        from ..llm import LLM  # torch and the weights, only now
+
+        quiet = args.json or not sys.stderr.isatty()
+        llm = LLM(**model, progress=(lambda f, m: None) if quiet else None, **engine_settings(args), **sizing)
+    except ModelLoadError as exc:
+        raise ConfigError(str(exc)) from None
+    writer = None
+    engine = None
+    if args.trace_out:
+        from ..trace import TraceWriter
+
+        try:
+            writer = TraceWriter(args.trace_out, {"model": llm.loaded.name, "prompts": [p for p, _ in items]})
+        except OSError as exc:
+            raise ConfigError(f"cannot write trace {args.trace_out!r}: {exc.strerror}") from None
+        engine = llm.new_engine(recording=writer)
+    try:
+        outputs = llm.generate([p for p, _ in items], params, chat=args.chat, engine=engine,
+                               on_submit=(lambda e: writer.set_header(e.trace_header())) if writer else None)
+    finally:
+        if writer is not None:
+            writer.close()
+    summary = dict(llm.last_summary or {})
+    summary["model"] = llm.loaded.name
+    rows = []
+    for o in outputs:
+        first = o.outputs[0] if o.outputs else None
+        row = {
+            "id": o.request_id,
+            "prompt_token_ids": o.prompt_token_ids,
+            "token_ids": first.token_ids if first else [],
+            "text": first.text if first else "",
+            "finish_reason": first.finish_reason if first else None,
+        }
+        if o.reject_reason:
+            row["reject_reason"] = o.reject_reason
+        if len(o.outputs) > 1:
+            row["samples"] = [{"index": c.index, "token_ids": c.token_ids, "text": c.text,
+                               "finish_reason": c.finish_reason} for c in o.outputs]
+        rows.append(row)
+    if args.json:
+        print(json.dumps({"outputs": rows, "summary": summary}))
+    else:
+        print(format_generate(outputs, summary))
+    return 0
+
+
+def format_generate(outputs, s: dict) -> str:
+    lines = []
+    for o in outputs:
+        if o.reject_reason:
+            lines.append(f"[{o.request_id}] rejected: {o.reject_reason}")
+            continue
+        for c in o.outputs:
+            tag = f"[{o.request_id}]" if len(o.outputs) == 1 else f"[{o.request_id}.{c.index}]"
+            lines.append(f"{tag} ({len(c.token_ids)} tokens, {c.finish_reason}) {c.text}")
+    lines.append("")
+    lines.append(summary_table(s, [
+        ("model", f"{s.get('model')} on {s['device']} ({s['dtype']})"),
+        "allocator",
+        ("tokens generated", f"{s['tokens_generated']} in {s['elapsed_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s)"),
+        "steps",
+        "running",
+        "token utilization (mean)",
+        "preemptions",
+        "prefix-cache hit rate",
+    ]))
+    return "\n".join(lines)

@@ -1,0 +1,357 @@
+"""Trace format version 2 (streamed keyframes and deltas), version-1 compatibility, one-line
+errors for every malformed input, and the ``replay`` command."""
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import io
+import json
+import zlib
+
+import numpy as np
+import pytest
+
+from pagedkv_core import replay, trace
+from pagedkv_core.config import ConfigError, EngineConfig
+from pagedkv_core.engine import Engine
+from pagedkv_core.metrics import StepMetrics
+from pagedkv_core.recording import Recording
+from pagedkv_core.scripted import ScriptedSource
+from pagedkv_core.slot_state import SLOT_STATE_NAMES, SlotState
+from pagedkv_core.step_codec import KEYFRAME_FIELDS, STEP_FIELDS, pack, unpack
+from pagedkv_core.trace import TraceError, TraceWriter, load_recording, read_trace, write_recording, write_trace
+from pagedkv_core.workloads import build_workload
+
+
+def engine_for(name: str, recording=None, **config) -> Engine:
+    workload = build_workload(name, 0)
+    config.setdefault("pool_slots", workload.pool_slots)
+    engine = Engine(EngineConfig(**config), ScriptedSource(), recording=recording)
+    workload.submit(engine)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def burst():
+    """A paged run with swap preemption: its snapshots and its trace header."""
+    engine = engine_for("burst", preemption="swap")
+    snaps = []
+    while engine.has_unfinished():
+        snaps.append(engine.step()[1])
+    return snaps, engine.trace_header()
+
+
+def lines_of(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def write_lines(path, objs) -> None:
+    path.write_text("".join(json.dumps(o) + "\n" for o in objs))
+
+
+def record_bytes(obj: dict) -> bytes:
+    return zlib.decompress(base64.b64decode(obj["data"]))
+
+
+def with_record(obj: dict, data: bytes) -> dict:
+    return {**obj, "data": base64.b64encode(zlib.compress(data)).decode()}
+
+
+# ---------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize("allocator", ["paged", "contiguous"])
+def test_v2_round_trip_gives_equal_snapshots_and_header(tmp_path, allocator):
+    engine = engine_for("shared_preamble", allocator=allocator)
+    snaps = []
+    while engine.has_unfinished():
+        snaps.append(engine.step()[1])
+    header = {**engine.trace_header(), "workload": "shared_preamble"}
+    path = write_trace(tmp_path / "t.jsonl", snaps, header)
+    got_header, got = read_trace(path)
+    assert got_header == json.loads(json.dumps(header))
+    assert got == snaps
+    lines = lines_of(path)
+    assert lines[0]["version"] == 2 and lines[0]["pool"]["num_slots"] == snaps[0].num_slots
+    assert [o["type"] for o in lines[1:3]] == ["delta", "keyframe"] and lines[-1] == {"type": "end", "steps": len(snaps)}
+    k = lines[0]["keyframe_every"]
+    assert [o["step"] for o in lines if o["type"] == "keyframe"] == list(range(0, len(snaps), k))
+
+
+def test_engine_streams_into_a_trace_writer(tmp_path, burst):
+    _, header = burst
+    path = tmp_path / "live.jsonl"
+    writer = TraceWriter(path, keyframe_every=16)
+    engine = engine_for("burst", recording=writer, preemption="swap")
+    writer.set_header(engine.trace_header())
+    snaps = []
+    while engine.has_unfinished():
+        snaps.append(engine.step()[1])
+        if engine.step_index == 40:
+            writer.flush()
+            assert sum(1 for o in lines_of(path) if o["type"] == "delta") == 40  # on disk as it goes
+    writer.close({"summary": engine.summary().to_json()})
+    got_header, rec = load_recording(path)
+    assert got_header["requests"] == header["requests"] and got_header["summary"]["steps"] == len(snaps)
+    assert rec.num_steps == len(snaps)
+    assert all(rec.at(i) == snaps[i] for i in range(0, len(snaps), 7)) and rec.last() == snaps[-1]
+    with pytest.raises(ValueError, match="already written"):
+        writer.set_header({"late": 1})
+
+
+def test_a_recording_writes_out_and_loads_back(tmp_path, burst):
+    snaps, header = burst
+    rec = Recording()
+    for snap in snaps:
+        rec.append(snap)
+    path = write_recording(tmp_path / "r.jsonl", rec, header)
+    _, back = load_recording(path)
+    assert back.num_steps == rec.num_steps
+    assert [back.at(i) == snaps[i] for i in range(len(snaps))] == [True] * len(snaps)
+
+
+def test_v1_trace_still_replays(tmp_path, burst):
+    snaps, header = burst
+    path = tmp_path / "v1.jsonl"
+    v1 = [{"type": "header", "format": "pagedkv-trace", "version": 1, **header}]
+    v1 += [{"type": "step", **s.to_json()} for s in snaps[:60]]
+    write_lines(path, v1)
+    got_header, got = read_trace(path)
+    assert got_header == json.loads(json.dumps(header)) and got == snaps[:60]
+    report = run_replay(path, "--step", "30", "--json")
+    assert report["step"] == 30 and report["num_steps"] == 60
+    assert report["slot_counts"] == counts(snaps[30].slot_state)
+
+
+def test_a_trace_cut_short_loads_up_to_its_last_whole_line(tmp_path, burst):
+    snaps, header = burst
+    path = write_trace(tmp_path / "t.jsonl", snaps, header)
+    text = path.read_text()
+    cut = text[: text.index('"type":"delta","step":50') - 40]  # in the middle of step 49's line
+    path.write_text(cut)
+    got_header, rec = load_recording(path)
+    assert got_header["truncated"] is True and rec.num_steps == 49 and rec.last() == snaps[48]
+
+
+# ---------------------------------------------------------------------------- malformed input
+def valid_lines(snaps, header, tmp_path) -> list[dict]:
+    return lines_of(write_trace(tmp_path / "ok.jsonl", snaps[:40], header))
+
+
+def corrupt_record(lines, kind, index, change) -> list[dict]:
+    """Lines with the ``index``-th record of ``kind`` rewritten by ``change(fields dict)``."""
+    out, seen = [], 0
+    fields = STEP_FIELDS if kind == "delta" else KEYFRAME_FIELDS
+    for o in lines:
+        if o.get("type") == kind:
+            if seen == index:
+                rec = {k: v.copy() for k, v in unpack(fields, record_bytes(o)).items()}
+                change(rec)
+                o = with_record(o, pack(fields, rec))
+            seen += 1
+        out.append(o)
+    return out
+
+
+def header_change(lines, **changes):
+    return [{**lines[0], **changes}, *lines[1:]]
+
+
+def pool_change(lines, **changes):
+    return header_change(lines, pool={**lines[0]["pool"], **changes})
+
+
+CASES = {
+    "bad base64": (lambda ls: [*ls[:1], {**ls[1], "data": "@@not base64@@"}, *ls[2:]], "not base64"),
+    "not zlib": (lambda ls: [*ls[:1], {**ls[1], "data": base64.b64encode(b"plain").decode()}, *ls[2:]], "not zlib"),
+    "short record": (lambda ls: [*ls[:3], with_record(ls[3], record_bytes(ls[3])[:-4]), *ls[4:]], "add up to"),
+    "unknown version": (lambda ls: header_change(ls, version=3), "version 3"),
+    "version true": (lambda ls: header_change(ls, version=True), "version True"),
+    "block_size 0": (lambda ls: pool_change(ls, block_size=0), "block_size"),
+    "huge pool": (lambda ls: pool_change(ls, num_slots=1 << 40), "num_slots"),
+    "unknown allocator": (lambda ls: pool_change(ls, allocator="buddy"), "allocator"),
+    "requests 5": (lambda ls: header_change(ls, requests=5), "requests"),
+    "config list": (lambda ls: header_change(ls, config=[1]), "config"),
+    "other layout": (lambda ls: header_change(ls, record_fields={"step": {"slot_idx": "<i8"}}), "layout"),
+    "unknown metric": (lambda ls: header_change(ls, metric_fields=["kv_usage", "bogus"]), "bogus"),
+    "metrics 1e400": (lambda ls: [*ls[:3], {**ls[3], "metrics": "1e400"}, *ls[4:]], None),
+    "metric string": (lambda ls: [*ls[:3], {**ls[3], "metrics": ["x"] * len(ls[3]["metrics"])}, *ls[4:]], "number"),
+    "first keyframe missing": (lambda ls: [ls[0], ls[1], *ls[3:]], "keyframe"),
+    "step missing": (lambda ls: [*ls[:4], *ls[5:]], "does not follow"),
+    "step not int": (lambda ls: [*ls[:3], {**ls[3], "step": "3"}, *ls[4:]], "integer"),
+    "unknown record": (lambda ls: [*ls[:3], {"type": "gossip"}, *ls[3:]], "unknown record type"),
+    "end count": (lambda ls: [*ls[:-1], {"type": "end", "steps": 3}], "counts 3"),
+    "after end": (lambda ls: [*ls, ls[3]], "after the end"),
+    "slot out of range": (lambda ls: corrupt_record(ls, "delta", 5, lambda r: r.update(
+        slot_idx=np.array([10**6], np.int32), slot_state=np.array([1], np.int8),
+        slot_owner=np.array([0], np.int32), slot_token=np.array([5], np.int32))), "out of range"),
+    "negative slot": (lambda ls: corrupt_record(ls, "delta", 5, lambda r: r.update(
+        slot_idx=np.array([-1], np.int32), slot_state=np.array([1], np.int8),
+        slot_owner=np.array([0], np.int32), slot_token=np.array([5], np.int32))), "out of range"),
+    "values without index": (lambda ls: corrupt_record(ls, "delta", 5, lambda r: r.update(
+        slot_state=np.array([1, 1, 1], np.int8))), "values for"),
+    "bad state code": (lambda ls: corrupt_record(ls, "keyframe", 0, lambda r: r["slot_state"].__setitem__(0, 9)), "codes"),
+    "keyframe disagrees": (lambda ls: corrupt_record(ls, "keyframe", 1, lambda r: r["slot_token"].__setitem__(3, 7777)), "disagrees"),
+    "table keeps too much": (lambda ls: corrupt_record(ls, "delta", 6, lambda r: r.update(
+        tab_pos=np.array([0], np.int32), tab_keep=np.array([10**6], np.int32), tab_len=np.array([0], np.int32),
+        tab_tail=np.zeros(0, np.int32))), "keeps more"),
+    "events not json": (lambda ls: corrupt_record(ls, "delta", 5, lambda r: r.update(events=np.frombuffer(b"{{", np.uint8))), "events"),
+    "deep events": (lambda ls: corrupt_record(ls, "delta", 5, lambda r: r.update(
+        events=np.frombuffer(b"[" * 100_000 + b"]" * 100_000, np.uint8))), "deep"),
+    "queue lengths": (lambda ls: corrupt_record(ls, "delta", 5, lambda r: r["head"].__setitem__(2, 999)), "queue"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_malformed_v2_traces_raise_one_line_trace_errors(tmp_path, burst, case):
+    snaps, header = burst
+    make, fragment = CASES[case]
+    path = tmp_path / "bad.jsonl"
+    write_lines(path, make(valid_lines(snaps, header, tmp_path)))
+    with pytest.raises(TraceError, match=fragment) as info:
+        load_recording(path)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+        ('{"type":"header","format":"pagedkv-trace","version":1,"x":1e400}\n', "out of range"),
+        ('{"type":"header","format":"pagedkv-trace","version":1,"x":NaN}\n', "NaN"),
+        ('{"type":"header","format":"pagedkv-trace","version":1,"requests":5}\n', "requests"),
+        (b'{"type":"header"}\xff\n', "UTF-8"),
+    ],
+)
+def test_malformed_headers_raise_one_line_trace_errors(tmp_path, text, fragment):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(TraceError, match=fragment) as info:
+        load_recording(path)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (lambda s: s.update(waiting=5), "waiting|iterable"),
+        (lambda s: s.update(block_size=0), "block_size"),
+        (lambda s: s.update(slot_state=[9] * len(s["slot_state"])), "codes"),
+        (lambda s: s.update(step=7), "does not follow"),
+        (lambda s: s.update(events=[{"kind": "x"}]), "events"),
+    ],
+)
+def test_malformed_v1_steps_raise_one_line_trace_errors(tmp_path, burst, change, fragment):
+    snaps, header = burst
+    steps = [{"type": "step", **s.to_json()} for s in snaps[:3]]
+    change(steps[1])
+    path = tmp_path / "v1.jsonl"
+    write_lines(path, [{"type": "header", "format": "pagedkv-trace", "version": 1, **header}, *steps])
+    with pytest.raises(TraceError, match=fragment) as info:
+        load_recording(path)
+    assert "\n" not in str(info.value)
+
+
+def test_size_limits_are_checked_before_reading(tmp_path, burst, monkeypatch):
+    snaps, header = burst
+    path = write_trace(tmp_path / "t.jsonl", snaps[:20], header)
+    monkeypatch.setattr(trace, "MAX_TRACE_BYTES", 1000)
+    with pytest.raises(TraceError, match="limited to 1,000"):
+        load_recording(path)
+    monkeypatch.setattr(trace, "MAX_TRACE_BYTES", 1 << 30)
+    monkeypatch.setattr(trace, "MAX_LINE_BYTES", 1000)
+    with pytest.raises(TraceError, match="longer than 1,000"):
+        load_recording(path)
+    monkeypatch.setattr(trace, "MAX_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(trace, "MAX_RECORD_BYTES", 100)
+    with pytest.raises(TraceError, match="larger than 100"):
+        load_recording(path)
+
+
+def test_missing_file_and_empty_file(tmp_path):
+    with pytest.raises(TraceError, match="cannot read"):
+        load_recording(tmp_path / "nope.jsonl")
+    (tmp_path / "e.jsonl").write_text("\n\n")
+    with pytest.raises(TraceError, match="empty"):
+        load_recording(tmp_path / "e.jsonl")
+
+
+# ---------------------------------------------------------------------------- replay
+def counts(slot_state) -> dict:
+    return {name: int((slot_state == code).sum()) for code, name in SLOT_STATE_NAMES.items()}
+
+
+def run_replay(path, *argv):
+    """``replay`` through its own parser: the JSON object with --json, else the text."""
+    parser = argparse.ArgumentParser()
+    replay.register(parser.add_subparsers())
+    args = parser.parse_args(["replay", str(path), *argv])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert args.func(args) == 0
+    text = out.getvalue()
+    return json.loads(text) if "--json" in argv else text
+
+
+def test_replay_prints_the_last_step_or_the_one_asked_for(tmp_path, burst):
+    snaps, header = burst
+    path = write_trace(tmp_path / "t.jsonl", snaps, {**header, "workload": "burst"})
+    text = run_replay(path)
+    assert f"step                   {len(snaps) - 1}" in text and "paged, 2,048 slots, block size 16" in text
+    mid = run_replay(path, "--step", "25", "--json")
+    want = snaps[25]
+    assert mid["step"] == 25 and mid["allocator"] == "paged" and mid["num_slots"] == 2048
+    assert mid["num_steps"] == len(snaps) and mid["workload"] == "burst"
+    assert mid["slot_counts"] == counts(want.slot_state) and list(mid["slot_counts"]) == [s.name.lower() for s in SlotState]
+    assert mid["metrics"] == want.metrics.to_json() and set(mid["metrics"]) == set(StepMetrics().to_json())
+    assert mid["queues"] == {"running": len(want.running), "waiting": len(want.waiting), "swapped": len(want.swapped)}
+    assert mid["events"] == [e.to_json() for e in want.events]
+
+
+def test_replay_refuses_bad_traces_and_steps_with_one_line(tmp_path, burst):
+    snaps, header = burst
+    path = write_trace(tmp_path / "t.jsonl", snaps[:10], header)
+    for argv, fragment in ((["--step", "10"], "steps 0..9"), (["--step", "-1"], "not in")):
+        with pytest.raises(ConfigError, match=fragment):
+            run_replay(path, *argv)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("nonsense\n")
+    with pytest.raises(ConfigError, match="not JSON"):
+        run_replay(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"type": "header", "format": "pagedkv-trace", "version": 1}) + "\n")
+    with pytest.raises(ConfigError, match="no steps"):
+        run_replay(empty)
+
+
+def test_replay_json_answers_mid_run_at_262144_slots(tmp_path):
+    """A production-sized pool: the engine streams deltas to the trace, replay rebuilds one
+    step in the middle, and its counts match the engine's own snapshot of that step."""
+    path = tmp_path / "big.jsonl"
+    writer = TraceWriter(path)
+    engine = engine_for("trickle", recording=writer, pool_slots=262_144)
+    writer.set_header(engine.trace_header())
+    want = None
+    for step in range(50):
+        _, snap = engine.step(snapshot=step == 30)
+        want = snap or want
+    writer.close()
+    assert path.stat().st_size < 2_000_000  # 50 steps of 262,144 slots; full snapshots would be 120 MB
+    report = run_replay(path, "--step", "30", "--json")
+    assert report["num_slots"] == 262_144 and report["num_steps"] == 50 and report["step"] == 30
+    assert report["slot_counts"] == counts(want.slot_state)
+    assert report["slot_counts"]["filled"] == want.metrics.filled_slots > 0
+    assert report["metrics"] == want.metrics.to_json()
+
+
+def test_replay_through_the_command_line(tmp_path, burst, capsys):
+    from pagedkv_core import cli
+
+    if "replay" not in cli.build_parser()._subparsers._group_actions[0].choices:
+        pytest.skip("replay is not registered in pagedkv_core.cli yet")
+    snaps, header = burst
+    path = write_trace(tmp_path / "t.jsonl", snaps, header)
+    assert cli.main(["replay", str(path), "--step", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 3
+    assert cli.main(["replay", str(path), "--step", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1

@@ -1,0 +1,137 @@
+"""Predict, then reveal: a question that the lesson's run answers, asked before the run shows it.
+
+Why: what learners *do* with a visualization matters more than what it shows (Hundhausen et al.
+2002; Naps et al.'s engagement taxonomy, ITiCSE 2002), and predicting before seeing is the
+cheapest step up from watching. A :class:`Prediction` is plain data that a lesson builds from its
+recorded run, so the answer it reveals is the one the engine measured, never a number typed into
+the page. :func:`ask` draws it: multiple choice or a number, then, once answered, the measured
+answer and one sentence of why. The first answer to each question counts towards the session's
+score (:func:`score`), kept in ``st.session_state``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import streamlit as st
+
+PREFIX = "Predict:"
+_RECORD = "_predictions"  # session_state: widget key -> (guess, right?) of the first answer
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One question. ``answer``: the measured value, one of ``options`` (multiple choice) or a
+    number (no options); a number guess within ``tolerance`` of it counts as right."""
+
+    key: str
+    question: str
+    answer: object
+    why: str
+    options: tuple[str, ...] = ()
+    tolerance: float = 0.0
+    unit: str = ""
+
+    def __post_init__(self):
+        if not self.question.startswith(PREFIX):
+            raise ValueError(f"a prediction's question must start with {PREFIX!r}: {self.question!r}")
+        if self.options:
+            if self.answer not in self.options:
+                raise ValueError(f"{self.key}: the answer {self.answer!r} is not one of the options {self.options}")
+        elif isinstance(self.answer, bool) or not isinstance(self.answer, (int, float)) or not math.isfinite(self.answer):
+            raise ValueError(f"{self.key}: a number question needs a finite number as its answer, got {self.answer!r}")
+        if self.tolerance < 0:
+            raise ValueError(f"{self.key}: tolerance must be >= 0, got {self.tolerance}")
+
+    @property
+    def is_choice(self) -> bool:
+        return bool(self.options)
+
+    def grade(self, guess) -> bool:
+        if self.is_choice:
+            return guess == self.answer
+        return abs(float(guess) - float(self.answer)) <= self.tolerance + 1e-9
+
+    def answer_text(self) -> str:
+        """The measured answer in words: the option, or the number with its unit."""
+        if self.is_choice:
+            return str(self.answer)
+        return f"{number_text(self.answer)} {self.unit}".strip()
+
+
+def number_text(value) -> str:
+    """A whole number with thousands separators, anything else to 3 significant digits."""
+    value = float(value)
+    return f"{int(value):,}" if value.is_integer() else f"{value:,.3g}"
+
+
+def in_range(value: float, ranges: list[tuple[str, float]]) -> str:
+    """The label of the first range whose upper bound (exclusive) exceeds ``value``; the last
+    label catches the rest. For multiple-choice questions over a measured number."""
+    for label, upper in ranges[:-1]:
+        if value < upper:
+            return label
+    return ranges[-1][0]
+
+
+def range_options(value: float, ranges: list[tuple[str, float]]) -> dict:
+    """``options`` and ``answer`` keyword arguments of a Prediction over ``ranges``."""
+    return {"options": tuple(label for label, _ in ranges), "answer": in_range(value, ranges)}
+
+
+def _record() -> dict:
+    return st.session_state.setdefault(_RECORD, {})
+
+
+def widget_key(scope: str, p: Prediction) -> str:
+    return f"predict_{scope}_{p.key}"
+
+
+def score() -> tuple[int, int]:
+    """(right, answered) over every prediction answered in this session."""
+    rec = _record()
+    return sum(1 for _, right in rec.values() if right), len(rec)
+
+
+def score_text() -> str:
+    right, answered = score()
+    if not answered:
+        return "Predictions this session: none answered yet."
+    return f"Predictions this session: **{right} right** of {answered} answered."
+
+
+def ask(p: Prediction, scope: str) -> bool | None:
+    """Draw the question; once answered, the measured answer and why. Returns whether the
+    first answer was right, or None while unanswered. The widget locks after the first answer,
+    so the score counts predictions, not second tries."""
+    key = widget_key(scope, p)
+    rec = _record()
+    locked = key in rec
+    if p.is_choice:
+        guess = st.radio(p.question, p.options, index=None, key=key, disabled=locked,
+                         horizontal=sum(len(o) for o in p.options) < 110)
+        out = st.container()
+    else:  # a short input, with the hint and then the reveal beside it
+        left, out = st.columns([2, 3], vertical_alignment="bottom")
+        guess = left.number_input(p.question, value=None, key=key, disabled=locked,
+                                  step=1.0 if p.tolerance >= 1 or float(p.answer).is_integer() else None,
+                                  placeholder="your guess, then Enter",
+                                  help=f"Counts as right within ±{p.tolerance:g}{' ' + p.unit if p.unit else ''}."
+                                  if p.tolerance else "Counts as right when exact.")
+    if guess is None and not locked:
+        out.caption("Answer to reveal what the run measured.")
+        return None
+    if not locked:
+        rec[key] = (guess, p.grade(guess))
+    first, right = rec[key]
+    said = first if p.is_choice else number_text(first)
+    if right:
+        out.success(f"**Right.** Measured in this run: **{p.answer_text()}**. {p.why}", icon=":material/check_circle:")
+    else:
+        out.warning(f"**Not quite:** you said {said}. Measured in this run: **{p.answer_text()}**. {p.why}",
+                    icon=":material/lightbulb:")
+    return right
+
+
+def answered(p: Prediction, scope: str) -> bool:
+    return widget_key(scope, p) in _record()

@@ -1,0 +1,119 @@
+"""Presenter mode: a lesson's guide as slides for a projector.
+
+One figure and its narration at a time, in large type, the sidebar out of the way, and Next /
+Previous on the arrow keys (``st.button(shortcut=...)``, Streamlit 1.67). It is the guide with a
+different layout, so turning it on turns guide mode on too. ``?present=on`` in a lesson's URL
+opens it (with ``guide_step`` to pick the slide).
+
+The layout is sized for 1280 x 720, the lowest common projector resolution: the page's chrome
+(Streamlit's header, the sidebar) is hidden and the type is scaled up with a style sheet, and
+:func:`slide` draws the step's one figure at a height that fits under the narration.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from ui import export
+
+PARAM = "present"
+NEXT_KEY, PREVIOUS_KEY = "Right", "Left"  # arrow keys; a clicker's PageDown/PageUp also scroll the slide
+SLIDE_HEIGHT = 380  # px: fits under the title, buttons and a two-line narration at 1280 x 720
+SLIDE_FONT = 17
+
+# Large type and no chrome. Selectors are Streamlit 1.67's data-testids (checked by screenshot).
+CSS = """
+<style>
+section[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"],
+header[data-testid="stHeader"], [data-testid="stToolbar"], [data-testid="stDecoration"] { display: none !important; }
+[data-testid="stMainBlockContainer"] { padding: 0.8rem 2.2rem 1rem 2.2rem !important; max-width: 100% !important; }
+[data-testid="stMain"] h1 { font-size: 1.5rem !important; padding: 0 !important; }
+[data-testid="stMain"] [data-testid="stMarkdownContainer"] p,
+[data-testid="stMain"] [data-testid="stMarkdownContainer"] li { font-size: 1.3rem !important; line-height: 1.4 !important; }
+[data-testid="stMain"] [data-testid="stAlertContainer"] [data-testid="stMarkdownContainer"] p {
+  font-size: 1.35rem !important; line-height: 1.35 !important; }
+[data-testid="stMain"] [data-testid="stWidgetLabel"] p { font-size: 1.3rem !important; }
+[data-testid="stMain"] [data-testid="stRadio"] label p { font-size: 1.25rem !important; }
+[data-testid="stMain"] button p { font-size: 1.15rem !important; }
+[data-testid="stMain"] [data-testid="stCaptionContainer"] p { font-size: 1.05rem !important; }
+[data-testid="stMain"] [data-testid="stNumberInput"] input { font-size: 1.25rem !important; }
+</style>
+"""
+
+
+def _state_key(key: str) -> str:
+    return f"{key}_present"
+
+
+def from_url(key: str) -> None:
+    """Once per page and session: ``?present=on`` turns presenter mode (and guide mode) on."""
+    done = f"_{key}_present_url"
+    if st.session_state.get(done):
+        return
+    st.session_state[done] = True
+    if st.query_params.get(PARAM, "").lower() in ("1", "on", "true", "yes"):
+        st.session_state[_state_key(key)] = True
+        st.session_state[f"{key}_guide"] = True
+
+
+def on(key: str) -> bool:
+    """Whether the page ``key`` is in presenter mode (reads the URL the first time)."""
+    from_url(key)
+    return bool(st.session_state.get(_state_key(key)))
+
+
+def toggle(key: str, guide_key: str) -> bool:
+    """The Presenter-mode toggle (beside Guide mode). Turning it on turns the guide on."""
+    from_url(key)
+
+    def changed() -> None:
+        if st.session_state.get(_state_key(key)):
+            st.session_state[guide_key] = True
+
+    value = st.toggle("Presenter mode", key=_state_key(key), on_change=changed,
+                      help="Slides for a projector: large type, no sidebar, one figure and its narration at a time, "
+                           f"← and → for Previous and Next. `?{PARAM}=on` in the URL opens it.")
+    if value:
+        style()
+    return value
+
+
+def style() -> None:
+    st.markdown(CSS, unsafe_allow_html=True)
+
+
+def enlarge(fig: go.Figure, height: int = SLIDE_HEIGHT) -> go.Figure:
+    """The figure in slide proportions: its height, larger type (a copy; the original is untouched)."""
+    fig = go.Figure(fig)
+    fig.update_layout(height=height, font=dict(size=SLIDE_FONT), title_font=dict(size=SLIDE_FONT + 4),
+                      hoverlabel=dict(font_size=SLIDE_FONT))
+    fig.update_xaxes(title_font=dict(size=SLIDE_FONT), tickfont=dict(size=SLIDE_FONT - 2))
+    fig.update_yaxes(title_font=dict(size=SLIDE_FONT), tickfont=dict(size=SLIDE_FONT - 2))
+    fig.update_annotations(font_size=SLIDE_FONT)
+    return fig
+
+
+def slide(fig: go.Figure, key: str, caption: str | None = None, *, height: int = SLIDE_HEIGHT) -> None:
+    """Draw a slide's one figure (and an optional one-line caption under it)."""
+    st.plotly_chart(enlarge(fig, height), width="stretch", key=f"{key}_slide", config=export.png_config(f"{key}-slide"))
+    if caption:
+        st.caption(caption)
+
+
+def side_by_side(figs: list[go.Figure], titles: list[str], title: str) -> go.Figure:
+    """One figure from several (heatmaps, usually): their traces and shapes in columns, each
+    under its own title, so a slide still shows one figure."""
+    from plotly.subplots import make_subplots
+
+    out = make_subplots(rows=1, cols=len(figs), subplot_titles=titles, horizontal_spacing=0.03)
+    for col, fig in enumerate(figs, start=1):
+        for trace in fig.data:
+            out.add_trace(trace, row=1, col=col)
+        for shape in fig.layout.shapes or ():
+            out.add_shape(shape, row=1, col=col)
+        out.update_xaxes(range=fig.layout.xaxis.range, showgrid=False, zeroline=False, showticklabels=False,
+                         row=1, col=col)
+        out.update_yaxes(autorange="reversed", showgrid=False, zeroline=False, showticklabels=False, row=1, col=col)
+    out.update_layout(title=dict(text=title, x=0.0), plot_bgcolor="white", showlegend=False,
+                      margin=dict(l=10, r=10, t=80, b=10))
+    return out

@@ -1,0 +1,229 @@
+"""Real-model runs that the teaching pages record step by step.
+
+A :class:`TimedRun` drives one :class:`~pagedkv_core.engine.Engine` through its public API and
+keeps, per step, the snapshot, the wall time of ``engine.step()`` (``time.perf_counter``) and every
+sample's output tokens so far. Every number a lesson shows (time to first token, prefill tokens
+computed or skipped, bytes swapped, tokens recomputed) is read back from these runs: measured, not
+asserted. A lesson's scenario is a function ``scenario(make_engine, tokenizer, config, *args)``
+that runs the same with the real model (the pages) or any other token source; it never allocates
+anything itself.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import streamlit as st
+
+from pagedkv_core.config import EngineConfig
+from pagedkv_core.engine import Engine
+from pagedkv_core.events import ADMIT, CACHE_HIT, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN
+from pagedkv_core.sampling import SamplingParams
+from pagedkv_core.snapshot import StepSnapshot
+from ui.runs import Run
+
+MAX_LESSON_STEPS = 400  # a lesson run that has not ended by then is cut short
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    request_id: str
+    label: str  # what the lesson calls it ("A", "B", ...)
+    text: str  # the question, for display
+    prompt_ids: tuple[int, ...]
+    n: int
+    max_tokens: int
+    arrival_step: int
+
+
+@dataclass
+class TimedRun(Run):
+    """One engine run, recorded step by step with its wall times and outputs (see the module docstring)."""
+
+    bytes_per_block: int = 0
+    wall_s: list[float] = field(default_factory=list)
+    outputs: list[dict[str, list[list[int]]]] = field(default_factory=list)
+    requests: dict[str, RequestInfo] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)  # request id -> reason
+
+    # ------------------------------------------------------------------ driving
+    def add(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, *, label: str = "",
+            text: str = "", arrival_step: int | None = None) -> None:
+        eng = self.engine
+        arrival = eng.step_index if arrival_step is None else arrival_step
+        eng.add_request(request_id, prompt_ids, sampling, arrival_step=arrival)
+        self.requests[request_id] = RequestInfo(request_id, label or request_id, text, tuple(prompt_ids),
+                                                sampling.n, sampling.max_tokens, arrival)
+        self.request_ids.append(request_id)
+        self.done = False
+
+    def step(self) -> StepSnapshot:
+        """One ``engine.step()``, timed, with every request's outputs so far."""
+        eng = self.engine
+        t0 = time.perf_counter()
+        outs, snap = eng.step()
+        self.wall_s.append(time.perf_counter() - t0)
+        for o in outs:
+            if o.reject_reason:
+                self.rejected[o.request_id] = o.reject_reason
+        self.append(snap)
+        self.outputs.append({rid: [list(ids) for ids in eng.get_request(rid).output_token_ids] for rid in self.requests})
+        self.done = not eng.has_unfinished()
+        return snap
+
+    def run(self, max_steps: int = MAX_LESSON_STEPS) -> "TimedRun":
+        while self.engine.has_unfinished() and self.num_steps < max_steps:
+            self.step()
+        return self
+
+    def release(self) -> "TimedRun":
+        """Drop the engine (and with it the KV pool) of a finished run; the recorded steps stay."""
+        self.engine = None
+        return self
+
+    # ------------------------------------------------------------------ reading back
+    @property
+    def last_step(self) -> int:
+        return max(0, self.num_steps - 1)
+
+    def step_wall_s(self, step: int) -> float:
+        """Measured wall time of ``engine.step()`` at ``step`` (clamped like :meth:`at`)."""
+        return self.wall_s[max(0, min(step, len(self.wall_s) - 1))]
+
+    def outputs_at(self, step: int) -> dict[str, list[list[int]]]:
+        if not self.outputs:
+            return {rid: [[] for _ in range(r.n)] for rid, r in self.requests.items()}
+        out = self.outputs[max(0, min(step, len(self.outputs) - 1))]
+        return {rid: out.get(rid, [[] for _ in range(r.n)]) for rid, r in self.requests.items()}
+
+    def first_token_step(self, request_id: str) -> int | None:
+        for i, out in enumerate(self.outputs):
+            if any(out.get(request_id) or []):
+                return i
+        return None
+
+    def finish_step(self, request_id: str) -> int | None:
+        """The step in which the request's last sample finished (None while it runs)."""
+        first = self.first_token_step(request_id)
+        if first is None:
+            return None
+        idx = self.request_ids.index(request_id)
+        for i in range(first, self.num_steps):
+            if not (self.at(i).seq_request == idx).any():
+                return i
+        return None
+
+    def ttft_s(self, request_id: str) -> float | None:
+        """Measured time to first token: wall time of the steps from the request's arrival to
+        the step that sampled its first token, inclusive."""
+        first = self.first_token_step(request_id)
+        if first is None:
+            return None
+        return sum(self.wall_s[self.requests[request_id].arrival_step : first + 1])
+
+    def prefill_tokens(self, request_id: str) -> tuple[int, int]:
+        """(computed, skipped) prompt tokens at the request's first admission: skipped = the
+        tokens whose K/V came from the prefix cache."""
+        for _, e in self.events(ADMIT):
+            if e.request_id == request_id and not e.detail.get("recompute"):
+                cached = int(e.detail.get("cached_tokens", 0))
+                return len(self.requests[request_id].prompt_ids) - cached, cached
+        return 0, 0
+
+    def cache_hit_blocks(self, request_id: str) -> list[int]:
+        for _, e in self.events(CACHE_HIT):
+            if e.request_id == request_id:
+                return list(e.detail.get("blocks", []))
+        return []
+
+    def output_ids(self, request_id: str) -> list[list[int]]:
+        return self.outputs_at(len(self.outputs) - 1)[request_id] if self.outputs else []
+
+    # ------------------------------------------------------------------ pressure
+    def swap_bytes(self) -> tuple[int, int]:
+        """(bytes copied to host, bytes copied back) over the run."""
+        out = sum(len(e.detail.get("host_blocks", [])) for _, e in self.events(PREEMPT_SWAP))
+        back = sum(len(e.detail.get("host_blocks", [])) for _, e in self.events(SWAP_IN))
+        return out * self.bytes_per_block, back * self.bytes_per_block
+
+    def recomputed_tokens(self) -> int:
+        """Tokens prefilled again after a recompute preemption (prefix-cache hits excluded)."""
+        total = 0
+        for step, e in self.events(ADMIT):
+            if not e.detail.get("recompute"):
+                continue
+            snap = self.at(step)
+            try:
+                computed = int(snap.seq_num_computed[snap.seq_index(e.seq_id)])
+            except KeyError:  # finished within the same step: it computed all but its last token
+                computed = 0
+            total += max(0, computed - int(e.detail.get("cached_tokens", 0)))
+        return total
+
+    def preempted_tokens(self) -> int:
+        """Tokens whose K/V the preempted sequences had in the pool when they were evicted."""
+        total = 0
+        for step, e in self.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE):
+            if step == 0:
+                continue
+            before = self.at(step - 1)
+            try:
+                total += int(before.seq_num_computed[before.seq_index(e.seq_id)])
+            except KeyError:
+                pass
+        return total
+
+    def preemptions(self) -> list[dict]:
+        """Every preemption, with the running sequences it was chosen from (the snapshot before)."""
+        rows = []
+        ids = self.request_ids
+        for step, e in self.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE):
+            before = self.at(step - 1) if step > 0 else None
+            running = []
+            if before is not None:
+                for sid in before.running:
+                    i = before.seq_index(sid)
+                    running.append(ids[int(before.seq_request[i])])
+            rows.append({
+                "step": step,
+                "victim": e.request_id,
+                "mode": "swap" if e.kind == PREEMPT_SWAP else "recompute",
+                "blocks": len(e.detail.get("blocks", [])),
+                "running_before": running,
+                "reason": e.detail.get("reason", ""),
+            })
+        return rows
+
+
+MakeEngine = Callable[[EngineConfig], Engine]
+
+
+def new_timed_run(label: str, config: EngineConfig, make_engine: MakeEngine) -> TimedRun:
+    """An empty run on a fresh engine; ``bytes_per_block`` from the token source when it knows it."""
+    engine = make_engine(config)
+    bpb = 0
+    source = engine.source
+    if hasattr(source, "bytes_per_block"):
+        bpb = int(source.bytes_per_block(config.block_size))
+    return TimedRun(label, config, bytes_per_block=bpb, engine=engine)
+
+
+# ---------------------------------------------------------------------------- Streamlit side
+def cached(scenario: Callable[..., TimedRun], config: EngineConfig, *args,
+           spinner: str = "Running SmolLM2…") -> TimedRun | None:
+    """``scenario(make_engine, tokenizer, config, *args)`` on the sidebar's model, run once per
+    process for each config and kept in ``st.cache_resource``. None (after st.error) when the
+    model cannot load."""
+    from ui.models import engine_factory, model_path
+
+    make = engine_factory()
+    if make is None:
+        return None
+    with st.spinner(spinner):
+        return _cached_run(f"{scenario.__module__}.{scenario.__qualname__}", config, args, model_path(), scenario, make)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _cached_run(name: str, config: EngineConfig, args: tuple, model_path: str, _scenario, _make) -> TimedRun:
+    return _scenario(_make, _make.tokenizer, config, *args)

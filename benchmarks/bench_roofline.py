@@ -19,7 +19,9 @@ Q/K/V, O, gate/up and down projections and the LM head) per sequence, plus atten
 context: 4 x heads x head_dim per (layer, context token) (Q.K and P.V), with the step's actual
 context lengths. Norms, rotary, SiLU and softmax are not counted (under 0.1% of the FLOPs).
 Achieved GFLOP/s = FLOPs / median step time (the runner's ``execute``: forward + sampling), as a
-share of the dtype's peak (the median over rounds of each round's best). The **roofline** of a
+share of the dtype's peak (the median over rounds of each round's best). The step's thread CPU
+time is recorded beside it: on a shared machine it shows how much of the wall time was spent
+waiting for a core. The **roofline** of a
 step is min(peak, intensity x bandwidth), with intensity = FLOPs / bytes read (every weight once,
 plus each sequence's K/V): where it is below the peak, the step is memory-bound and no engine
 can reach the peak at that batch.
@@ -253,7 +255,8 @@ def print_result(result: dict) -> None:
     peaks = ", ".join(f"{dt} {p} GFLOP/s" for dt, p in result["peak_gflops"].items())
     print(f"matmul peak ({result['setup']['peak_matmul_n']}^2, one thread): {peaks}; "
           f"read bandwidth {result['read_bandwidth_gbs']} GB/s")
-    rows = [{"dtype": v["dtype"], "batch": v["batch"], "step ms": v["step_ms"], "tokens/s": v["tokens_per_s"],
+    rows = [{"dtype": v["dtype"], "batch": v["batch"], "step ms": v["step_ms"], "CPU ms": v["cpu_ms"],
+             "tokens/s": v["tokens_per_s"],
              "GFLOP/s": v["gflops"], "% of peak": f"{100 * v['share_of_peak']:.0f}%",
              "roofline GFLOP/s": v["roofline_gflops"], "% of roofline": f"{100 * v['share_of_roofline']:.0f}%",
              "GEMM floor ms": v["gemm_floor_ms"], "GEMMs / step": f"{100 * v['gemm_share_of_step']:.0f}%"}

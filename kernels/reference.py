@@ -121,14 +121,10 @@ class PagedDecode:
                              "device of the first call (contiguous pools)")
         num_seqs, num_heads, head_dim = q.shape
         _, _, num_kv_heads, _ = k_cache.shape
-        if out is None:
-            out = torch.empty_like(q)
-        elif out.shape != q.shape or out.dtype != q.dtype:
+        if out is not None and (out.shape != q.shape or out.dtype != q.dtype):
             raise ValueError(f"out must match q ({tuple(q.shape)}, {q.dtype})")
-        if num_seqs == 0:
-            return out
-        if self._max_ctx == 0:
-            return out.zero_()
+        if num_seqs == 0 or self._max_ctx == 0:
+            return (torch.empty_like(q) if out is None else out).zero_()
         if scale is None:
             scale = 1.0 / math.sqrt(head_dim)
         T = self._max_ctx
@@ -139,10 +135,10 @@ class PagedDecode:
 
         qg = q.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
         o = F.scaled_dot_product_attention(qg, gather(k_cache), gather(v_cache), attn_mask=self._mask, scale=scale)
-        out.copy_(o.view(num_seqs, num_heads, head_dim))
+        o = o.view(num_seqs, num_heads, head_dim)  # (contiguous: no copy when ``out`` is None)
         if self._empty is not None:
-            out.masked_fill_(self._empty[:, None, None], 0.0)
-        return out
+            o.masked_fill_(self._empty[:, None, None], 0.0)
+        return o if out is None else out.copy_(o)
 
 
 def paged_attention_decode(

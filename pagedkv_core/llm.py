@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import time
 from collections.abc import Callable, Iterator
 
@@ -48,16 +49,20 @@ DEFAULT_MEMORY_FRACTION = 0.9
 
 
 @contextlib.contextmanager
-def _transformers_bars_off():
+def _loading_output(quiet: bool):
     """transformers draws its own "Loading weights" bar on stderr; the loader reports its
     progress through its ``progress`` callback, so that bar is only noise (and a second line
-    after a command's one-line error)."""
+    after a command's one-line error): it is turned off while loading. ``quiet``: nothing at
+    all reaches stderr meanwhile (the GGUF conversion's bar is a plain tqdm that no switch
+    reaches). That swaps ``sys.stderr`` for the whole process, so it is for a command line,
+    not for a server's threads."""
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        yield
+        with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+            yield
     finally:
         if was:
             hf_logging.enable_progress_bar()
@@ -88,6 +93,10 @@ class _Detokenizer:
         return delta
 
 
+def _silent(_fraction: float, _what: str) -> None:
+    """A loading progress callback that shows nothing."""
+
+
 class LLM:
     """The real model behind the paged engine.
 
@@ -99,8 +108,11 @@ class LLM:
     but the pool size (:data:`ENGINE_SETTINGS`), with the config's own defaults and bounds.
     ``loaded``: an already loaded model to reuse (skips loading); ``runner``: an existing
     :class:`~pagedkv_core.model.runner.ModelRunner` to share (its device, dtype and weights; each
-    engine re-binds its pool, so only the latest engine on a runner may step). Raises ConfigError (one line)
-    for bad settings and ModelLoadError for a model that cannot be loaded.
+    engine re-binds its pool, so only the latest engine on a runner may step). ``progress``: the
+    loader's callback (None: a bar on stderr); ``quiet``: nothing on stderr while loading (a
+    command whose stderr is not a terminal). Raises ConfigError (one line) for bad settings,
+    BudgetError (a ConfigError) for pools over the memory budget and ModelLoadError for a model
+    that cannot be loaded.
     """
 
     def __init__(
@@ -117,6 +129,7 @@ class LLM:
         loaded=None,
         runner=None,
         progress: Callable[[float, str], None] | None = None,
+        quiet: bool = False,
         **engine_settings,
     ):
         # Everything that needs neither torch nor the weights, before either.
@@ -142,8 +155,8 @@ class LLM:
             if own:
                 # Read into memory of its own (not memory-mapped), so the runner can free each
                 # layer's weights as it copies them: the two copies never coexist.
-                with _transformers_bars_off():
-                    loaded = load_model(model, progress=progress, mmap=False)
+                with _loading_output(quiet):
+                    loaded = load_model(model, progress=progress or (_silent if quiet else None), mmap=False)
             self.loaded = loaded
             self.tokenizer = loaded.tokenizer
             self.runner = runner if runner is not None else ModelRunner(loaded, device=device, dtype=dtype,

@@ -46,7 +46,7 @@ import zlib
 from dataclasses import fields
 from pathlib import Path
 
-from .config import MAX_BLOCK_SIZE, MAX_POOL_SLOTS, MAX_SWAP_SLOTS
+from .config import MAX_BLOCK_SIZE, MAX_POOL_SLOTS, MAX_SWAP_SLOTS, ConfigError
 from .metrics import StepMetrics
 from .recording import (
     INT_METRICS,
@@ -56,6 +56,7 @@ from .recording import (
     Recording,
     default_keyframe_every,
 )
+from .safe_io import open_capped
 from .snapshot import StepSnapshot
 from .step_codec import KEYFRAME_FIELDS, STEP_FIELDS, StepState, check_states, loads_strict
 
@@ -204,10 +205,11 @@ def _lines(path: Path):
     """(line number, text, ends with a newline) of the non-blank lines, refusing oversized
     files and lines."""
     try:
-        size = os.stat(path).st_size
-        if size > MAX_TRACE_BYTES:
-            raise TraceError(f"{path} is {size:,} bytes; traces are limited to {MAX_TRACE_BYTES:,}")
-        with path.open("rb") as f:
+        try:
+            opened = open_capped(path, MAX_TRACE_BYTES, "trace")  # a regular file under the cap, never a FIFO
+        except ConfigError as exc:
+            raise TraceError(str(exc)) from None
+        with opened as f:
             number = 0
             while True:
                 raw = f.readline(MAX_LINE_BYTES + 1)

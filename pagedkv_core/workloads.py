@@ -23,6 +23,11 @@ request trace: a CSV (``.csv`` or gzipped ``.csv.gz``) with the columns ``TIMEST
 ``ContextTokens`` and ``GeneratedTokens``, one request per row, read by :func:`trace_workload`
 with the options of :class:`TraceOptions`.
 
+Files are untrusted: every bound is in the limits section below. A file that breaks its shape
+(not a list of objects, a wrong type, an unknown key) or a file-level bound is refused with one
+line; a request whose value breaks a request-level bound is that request's rejection, with the
+reason, while the others run.
+
 The shipped trace is the Azure LLM inference trace 2023 (conversation service), published by
 Microsoft Azure under CC BY 4.0 with the attribution Patel et al., "Splitwise", ISCA 2024; see
 ``data/LICENSE-azure-trace.txt``.
@@ -32,7 +37,6 @@ from __future__ import annotations
 import csv
 import gzip
 import io
-import json
 import math
 import re
 import zlib
@@ -223,17 +227,12 @@ def _prompt(where: str, obj: dict) -> list:
     return prompt
 
 
-class _TokenBudget:
-    """Prompt tokens a workload may still hold (MAX_WORKLOAD_TOKENS): a few bytes of file can
-    ask for a billion made-up tokens, a few thousand such requests for far more."""
-
-    def __init__(self, name: str, hint: str):
-        self.name, self.hint, self.used = name, hint, 0
-
-    def take(self, n: int) -> None:
-        self.used += n
-        if self.used > MAX_WORKLOAD_TOKENS:
-            raise ConfigError(f"{self.name}: the prompts add up to more than {MAX_WORKLOAD_TOKENS:,} tokens; {self.hint}")
+def _check_total_tokens(name: str, total: int, hint: str) -> None:
+    """MAX_WORKLOAD_TOKENS, before any prompt is made: a few bytes of file can ask for a
+    billion made-up tokens, a few thousand such requests for far more."""
+    if total > MAX_WORKLOAD_TOKENS:
+        raise ConfigError(f"{name}: the prompts add up to {total:,} tokens, more than the "
+                          f"{MAX_WORKLOAD_TOKENS:,} a workload may hold; {hint}")
 
 
 def _seed_of(rid: str) -> int:
@@ -253,8 +252,7 @@ def parse_workload(data, name: str = "file", seed: int = 0) -> Workload:
         raise ConfigError(f"{name}: the workload has no requests")
     if len(data) > MAX_REQUESTS:
         raise ConfigError(f"{name}: {len(data):,} requests, more than the {MAX_REQUESTS:,} a workload may have")
-    budget = _TokenBudget(name, "use fewer or shorter requests")
-    reqs, seen = [], set()
+    checked, seen = [], set()
     for i, obj in enumerate(data):
         where = f"{name}: request {i}"
         if not isinstance(obj, dict):
@@ -271,13 +269,26 @@ def parse_workload(data, name: str = "file", seed: int = 0) -> Workload:
         seen.add(rid)
         if ("prompt" in obj) == ("prompt_len" in obj):
             raise ConfigError(f"{where}: give exactly one of 'prompt' and 'prompt_len'")
-        reqs.append(_request(where, rid, obj, seed, budget))
+        checked.append(_checked_request(where, rid, obj))
+    total = sum(len(prompt) if prompt is not None else fields_["prompt_len"]
+                for _rid, fields_, prompt, problem in checked if problem is None)
+    _check_total_tokens(name, total, "use fewer or shorter requests")
+    reqs = []
+    for rid, fields_, prompt, problem in checked:
+        if problem is not None:  # the rejection shows when the request would have come
+            reqs.append(WorkloadRequest(rid, (), 1, 1, arrival_step=fields_.get("arrival_step", 0), reject_reason=problem))
+            continue
+        if prompt is None:
+            prompt = _tokens(np.random.default_rng([seed, _seed_of(rid)]), fields_["prompt_len"])
+        reqs.append(WorkloadRequest(rid, tuple(prompt), fields_["output_len"], fields_["max_tokens"],
+                                    arrival_step=fields_["arrival_step"], n=fields_["n"]))
     return Workload(name, f"{len(reqs)} requests from {name}", tuple(reqs))
 
 
-def _request(where: str, rid: str, obj: dict, seed: int, budget: _TokenBudget) -> WorkloadRequest:
-    """One checked request, or its rejection. Every field's type is checked first (a wrong
-    type is the file's error, whichever field it is in), then the bounds."""
+def _checked_request(where: str, rid: str, obj: dict) -> tuple[str, dict, list | None, str | None]:
+    """(id, its integer fields, its explicit prompt or None, the reason it is rejected or
+    None). Every field's type is checked first: a wrong type is the file's error (ConfigError),
+    whichever field it is in; then the bounds, the first broken one being the reason."""
     fields_ = {}
     problem = None
     specs = (("output_len", 1, MAX_OUTPUT_LEN, None), ("max_tokens", 1, MAX_OUTPUT_LEN, None),
@@ -289,22 +300,13 @@ def _request(where: str, rid: str, obj: dict, seed: int, budget: _TokenBudget) -
             fields_[key] = _int_field(where, obj, key, lo, hi, default)
         except _Rejected as exc:
             problem = problem or str(exc)
-    try:
-        prompt = _prompt(where, obj) if "prompt" in obj else None
-    except _Rejected as exc:
-        problem = problem or str(exc)
-        prompt = None
-    if problem is not None:
-        arrival = fields_.get("arrival_step", 0)  # the rejection shows when the request would have come
-        return WorkloadRequest(rid, (), 1, 1, arrival_step=arrival, reject_reason=problem)
-    if prompt is None:
-        budget.take(fields_["prompt_len"])
-        prompt = _tokens(np.random.default_rng([seed, _seed_of(rid)]), fields_["prompt_len"])
-    else:
-        budget.take(len(prompt))
-        prompt = tuple(prompt)
-    return WorkloadRequest(rid, prompt, fields_["output_len"], fields_["max_tokens"],
-                           arrival_step=fields_["arrival_step"], n=fields_["n"])
+    prompt = None
+    if "prompt" in obj:
+        try:
+            prompt = _prompt(where, obj)
+        except _Rejected as exc:
+            problem = problem or str(exc)
+    return rid, fields_, prompt, problem
 
 
 def load_workload_file(path, seed: int = 0, **options) -> Workload:
@@ -592,30 +594,37 @@ def _trace_from_rows(rows: Iterable[TraceRow], file_name: str, seed: int, opt: T
         raise ConfigError(f"{file_name}: no requests after row {opt.start:,}{why}")
     t0 = min(r.time_s for r, *_ in kept)
     per_step = opt.seconds_per_step / opt.rate
-    budget = _TokenBudget(file_name, "use fewer rows (count) or a length_scale below 1")
-    reqs = []
-    for r, prompt, answer, max_tokens in kept:
+    steps = []
+    for r, *_ in kept:
         at = (r.time_s - t0) / per_step
         if not at <= MAX_ARRIVAL_STEP:  # NaN and infinity too (1e308 - -1e308)
             raise ConfigError(
                 f"{file_name} row {r.row}: arrives at step {at:,.0f}, beyond {MAX_ARRIVAL_STEP:,}; "
                 f"use more seconds per step or fewer rows"
             )
-        step = int(at)
-        rid = f"r{r.row}"
-        if prompt > MAX_PROMPT_LEN or max(answer, max_tokens) > MAX_OUTPUT_LEN:
-            what = (f"prompt of {prompt:,} tokens" if prompt > MAX_PROMPT_LEN
-                    else f"answer of {max(answer, max_tokens):,} tokens")
-            bound = MAX_PROMPT_LEN if prompt > MAX_PROMPT_LEN else MAX_OUTPUT_LEN
-            reqs.append(WorkloadRequest(rid, (), 1, 1, arrival_step=step,
-                                        reject_reason=f"{what} is longer than the {bound:,} allowed"))
+        steps.append(int(at))
+    problems = [_row_problem(prompt, max(answer, max_tokens)) for _r, prompt, answer, max_tokens in kept]
+    _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
+                        "use fewer rows (count) or a length_scale below 1")
+    reqs = []
+    for (r, prompt, answer, max_tokens), step, problem in zip(kept, steps, problems):
+        if problem is not None:
+            reqs.append(WorkloadRequest(f"r{r.row}", (), 1, 1, arrival_step=step, reject_reason=problem))
             continue
-        budget.take(prompt)
         rng = np.random.default_rng([seed, r.row])
-        reqs.append(WorkloadRequest(rid, _tokens(rng, prompt), answer, max_tokens, arrival_step=step))
+        reqs.append(WorkloadRequest(f"r{r.row}", _tokens(rng, prompt), answer, max_tokens, arrival_step=step))
     if description is None:
         description = _trace_description(file_name, opt, len(kept), kept[0][0].row, last_row, left_out, context, cap)
     return Workload(name or file_name, description, tuple(reqs), opt.pool_slots)
+
+
+def _row_problem(prompt: int, answer: int) -> str | None:
+    """Why a trace row's request is rejected (its lengths over the request-level bounds), or None."""
+    if prompt > MAX_PROMPT_LEN:
+        return f"prompt of {prompt:,} tokens is longer than the {MAX_PROMPT_LEN:,} allowed"
+    if answer > MAX_OUTPUT_LEN:
+        return f"answer of {answer:,} tokens is longer than the {MAX_OUTPUT_LEN:,} allowed"
+    return None
 
 
 def _trace_description(file_name: str, opt: TraceOptions, n: int, first: int, last: int, left_out: int,

@@ -2,28 +2,31 @@
 pool calculator from a model's architecture (the loaded SmolLM2's real config, or a preset)."""
 import streamlit as st
 
-from ui import guide
+from ui import guide, presenter
 from ui.lessons import block_size as lesson
 
-st.title("Block size and pool sizing")
-st.markdown(
-    "How many token slots should one block hold? Small blocks waste little of each sequence's last block but make "
-    "long block tables; large blocks waste up to a block per sequence and share prefixes only in big steps. "
-    "Below, one workload runs at every block size from 1 to 128 (on the scripted token source, so the sweep takes "
-    "a moment), then a calculator turns a model's architecture and a memory budget into a pool."
-)
-guided = guide.mode(lesson.KEY)
+guided = guide.mode(lesson.KEY, title="Block size and pool sizing")
+if not presenter.on(lesson.KEY):
+    st.markdown(
+        "How many token slots should one block hold? Small blocks waste little of each sequence's last block but make "
+        "long block tables; large blocks waste up to a block per sequence and share prefixes only in big steps. "
+        "Below, one workload runs at every block size from 1 to 128 (on the scripted token source, so the sweep takes "
+        "a moment), then a calculator turns a model's architecture and a memory budget into a pool."
+    )
 all_presets = lesson.presets()
 config, workload, seed = lesson.sweep_settings(guided)
 with st.spinner("Running the workload at 8 block sizes…"):
     points = lesson.sweep(config, workload, seed)
 
 if guided:
-    g = guide.nav(lesson.KEY, lesson.guide_steps(points, all_presets))
-    highlight = int(g.show["block_size"])
-    fixed = all_presets.get(g.show["preset"]) or next(iter(all_presets.values()))
+    show = guide.nav(lesson.KEY, lesson.guide_steps(points, all_presets)).show
+    if presenter.on(lesson.KEY):
+        lesson.slide(points, all_presets, show, workload.name)
+        st.stop()
+    highlight, hidden = int(show["block_size"]), show.get("hide", ())
+    fixed = all_presets.get(show["preset"]) or next(iter(all_presets.values()))
 else:
-    highlight, fixed = int(config.block_size), None
+    highlight, fixed, hidden = int(config.block_size), None, ()
 
 st.header("One workload, eight block sizes")
 if guided:
@@ -32,7 +35,7 @@ else:
     st.caption(f"Workload: {workload.name} ({len(workload.requests)} requests). Other settings from the sidebar "
                f"({config.pool_slots:,} slots, watermark {config.watermark:.0%}, {config.preemption}). The dotted line "
                f"marks the sidebar's block size, {config.block_size}.")
-lesson.sweep_charts(points, highlight, workload.name)
+lesson.sweep_charts(points, highlight, workload.name, hidden)
 st.caption("Token utilization and waste are averaged over the steps in which anything was allocated. The prefix chart "
            f"runs a separate small workload: five requests sharing a {lesson.PREAMBLE_TOKENS}-token preamble, each with "
            "its own question; it counts the tokens each later request took from the prefix cache.")

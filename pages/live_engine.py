@@ -2,20 +2,20 @@
 the blocks fill the pool. Select a request to see its block table as logical -> physical arrows."""
 import streamlit as st
 
-from ui import guide
+from ui import export, guide, presenter
 from ui.lessons import live_engine as lesson
 from ui.models import engine_factory, token_text_lookup
 from ui.timed_runs import cached
 
-st.title("Live engine")
-st.markdown(
-    "Submit a few prompts and press **Play**: the paged engine runs SmolLM2 one step at a time. Each step every "
-    "running request gets one more token, and its K/V lands in a slot of the pool. When a request's last block is "
-    "full the block manager hands it another one, from wherever the free list has one. **Hover** a cell to read the "
-    "token it holds; **select** a request to see its block table."
-)
+guided = guide.mode(lesson.KEY, title="Live engine")
+if not presenter.on(lesson.KEY):
+    st.markdown(
+        "Submit a few prompts and press **Play**: the paged engine runs SmolLM2 one step at a time. Each step every "
+        "running request gets one more token, and its K/V lands in a slot of the pool. When a request's last block is "
+        "full the block manager hands it another one, from wherever the free list has one. **Hover** a cell to read the "
+        "token it holds; **select** a request to see its block table."
+    )
 
-guided = guide.mode(lesson.KEY)
 make = engine_factory()
 if make is None:
     st.stop()
@@ -26,7 +26,11 @@ if guided:
                  spinner="Running the guide's three prompts on SmolLM2 (about 20 steps)…")
     if rec is None:
         st.stop()
-    g = guide.nav(lesson.KEY, lesson.guide_steps(rec))
-    view.render(rec, int(g.show["step"]), g.show["select"])
+    show = guide.nav(lesson.KEY, lesson.guide_steps(rec)).show
+    if presenter.on(lesson.KEY):
+        view.slide(rec, show)
+        st.stop()
+    view.render(rec, int(show["step"]), show["select"])
+    export.download_animation([rec], lesson.KEY, "Live engine: three chat prompts on SmolLM2", "live-engine")
 else:
     lesson.explore(view, make)

@@ -2,21 +2,20 @@
 ~620-token system prompt on the real model. Every number is read from the recorded run."""
 import streamlit as st
 
-from ui import guide
+from ui import export, guide, presenter
 from ui.lessons import prefix_sharing as lesson
 from ui.models import token_text_lookup
 from ui.timed_runs import cached
 
-st.title("Prefix sharing and copy-on-write")
-st.markdown(
-    "Four requests to a library help desk start with the **same ~620-token system prompt**. "
-    "**A** arrives first and pays for all of it. **B** follows with the same preamble: the engine finds "
-    "A's blocks by their chained hash and skips their prefill. **C** asks for **three samples** (n = 3), "
-    "which share every block until each writes its own token: copy-on-write. **D** comes after everyone "
-    "has finished and still finds the preamble cached. SmolLM2 runs every step for real."
-)
-
-guided = guide.mode(lesson.KEY)
+guided = guide.mode(lesson.KEY, title="Prefix sharing and copy-on-write")
+if not presenter.on(lesson.KEY):
+    st.markdown(
+        "Four requests to a library help desk start with the **same ~620-token system prompt**. "
+        "**A** arrives first and pays for all of it. **B** follows with the same preamble: the engine finds "
+        "A's blocks by their chained hash and skips their prefill. **C** asks for **three samples** (n = 3), "
+        "which share every block until each writes its own token: copy-on-write. **D** comes after everyone "
+        "has finished and still finds the preamble cached. SmolLM2 runs every step for real."
+    )
 config, seed = (lesson.GUIDE_CONFIG, lesson.GUIDE_SEED) if guided else lesson.explore_settings()
 rec = cached(lesson.prefix_sharing_run, config, seed, spinner=lesson.SPINNER)
 if rec is None:
@@ -41,3 +40,5 @@ st.markdown(
 - Finished requests drop their references; shared and cached blocks stay until the pool needs the room.
 """
 )
+export.download_animation([rec], lesson.KEY, "Prefix sharing and copy-on-write: A, B, C (n = 3) and D on SmolLM2",
+                          "prefix-sharing")

@@ -5,7 +5,7 @@ from ui import guide, presenter
 from ui.lessons import reserve_or_page as lesson
 from ui.runs import current_runs
 
-st.title("Reserve or page")
+guided = guide.mode(lesson.KEY, help=lesson.GUIDE_HELP, title="Reserve or page")
 if not presenter.on(lesson.KEY):
     st.markdown(
         "The same requests arrive at the same KV memory twice. **Left**: each request reserves room for its "
@@ -13,7 +13,7 @@ if not presenter.on(lesson.KEY):
         "blocks as tokens arrive. Press **Play** and watch who gets to run."
     )
 
-if guide.mode(lesson.KEY, help=lesson.GUIDE_HELP):
+if guided:
     runs = lesson.guided_runs()
     show = guide.nav(lesson.KEY, lesson.guide_steps(runs)).show
     if presenter.on(lesson.KEY):

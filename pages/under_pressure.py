@@ -2,28 +2,30 @@
 once preempting by swap and once by recompute. Every cost on the page is measured from the runs."""
 import streamlit as st
 
-from ui import guide
+from ui import export, guide, presenter
 from ui.lessons import under_pressure as lesson
 from ui.models import token_text_lookup
 
-st.title("Under pressure: swap versus recompute")
-st.markdown(
-    f"A load spike on a small KV pool, run **twice** on SmolLM2 with the same requests and greedy decoding: "
-    f"{lesson.PRESSURE_FIRST} requests start at step 0 and {len(lesson.PRESSURE_QUESTIONS) - lesson.PRESSURE_FIRST} "
-    f"more arrive together at step {lesson.PRESSURE_SPIKE_STEP}, each answering up to {lesson.PRESSURE_MAX_TOKENS} "
-    "tokens. When the running sequences need a block that is not there, the scheduler **preempts** one. **Swap** "
-    "copies its blocks to host memory and back later; **recompute** frees them and prefills its tokens again when "
-    "it returns."
-)
+guided = guide.mode(lesson.KEY, title="Under pressure: swap versus recompute")
+if not presenter.on(lesson.KEY):
+    st.markdown(
+        f"A load spike on a small KV pool, run **twice** on SmolLM2 with the same requests and greedy decoding: "
+        f"{lesson.PRESSURE_FIRST} requests start at step 0 and {len(lesson.PRESSURE_QUESTIONS) - lesson.PRESSURE_FIRST} "
+        f"more arrive together at step {lesson.PRESSURE_SPIKE_STEP}, each answering up to {lesson.PRESSURE_MAX_TOKENS} "
+        "tokens. When the running sequences need a block that is not there, the scheduler **preempts** the most "
+        "recently admitted one. **Swap** copies its blocks to host memory and back later; **recompute** frees them and "
+        "prefills its tokens again when it returns. The two runs are stepped in turn, so both share the machine's load."
+    )
 
-guided = guide.mode(lesson.KEY)
 recs = lesson.recorded_runs(*lesson.settings_for(guided))
-view = lesson.PressureView(recs, token_text_lookup())
-if guided:
-    view.show_guide()
-else:
-    view.explore()
+view = lesson.PressureView(recs, token_text_lookup(), lesson.measured_cost_model(recs))
+show = view.show_guide() if guided else view.explore() or {"costs": True}
 
 st.markdown("**The answers, and whether both runs agree**")
 view.outputs_table()
-view.when_each_wins()
+if show.get("costs"):
+    view.when_each_wins()
+else:
+    st.caption("What each mode cost, and when each wins, come with the guide's bill, after you have predicted it.")
+export.download_animation([recs[m] for m in lesson.MODES], lesson.KEY,
+                          "Under pressure: the spike preempted by swap and by recompute", "under-pressure")

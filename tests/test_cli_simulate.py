@@ -211,3 +211,36 @@ def test_flag_defaults_and_help_come_from_the_config():
     assert helps["watermark"].endswith("in [0, 1) (default 0.01)")
     assert helps["pool_slots"].endswith("in [1, 1,048,576] (default 2048)") and helps["seed"].endswith("(default 0)")
     assert " | ".join(ALLOCATORS) in helps["allocator"]
+
+
+TRACE_CSV = ROOT / "pagedkv_core" / "data" / "azure_conv_2023.csv"
+
+
+@pytest.mark.parametrize("allocator", ["paged", "contiguous"])
+def test_json_reports_the_papers_waste_breakdown(capsys, allocator):
+    s = simulate_json(capsys, "--workload", "explainer40", "--allocator", allocator)
+    w = s["waste_breakdown"]
+    assert set(w) == {"token", "reservation", "internal", "external", "free"}
+    assert sum(w.values()) == pytest.approx(1.0)
+    assert s["token_share"] == pytest.approx(w["token"] / (1 - w["free"]))
+    if allocator == "paged":
+        assert s["token_share"] > 0.9 and w["external"] == 0
+    else:
+        assert s["token_share"] < 0.5 and w["internal"] > w["token"]
+
+
+def test_trace_csv_with_row_window_and_policies_orders_like_the_paper(capsys):
+    share = {}
+    for policy in ("max", "pow2", "oracle"):
+        s = simulate_json(capsys, "--workload-file", str(TRACE_CSV), "--trace-count", "120", "--length-scale", "0.125",
+                          "--pool-slots", "4096", "--allocator", "contiguous", "--contiguous-policy", policy)
+        assert s["requests"] == 120 and s["allocator"] == f"contiguous{'' if policy == 'max' else '-' + policy}"
+        share[policy] = s["token_share"]
+    s = simulate_json(capsys, "--workload-file", str(TRACE_CSV), "--trace-count", "120", "--length-scale", "0.125",
+                      "--pool-slots", "4096")
+    assert share["max"] < share["pow2"] < share["oracle"] < s["token_share"]
+
+
+def test_trace_flags_without_a_csv_are_one_line_errors(capsys):
+    assert main(["simulate", "--workload", "explainer40", "--rate", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --rate applies only to --workload-file *.csv"

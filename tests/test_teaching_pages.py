@@ -11,6 +11,7 @@ from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.scripted import ScriptedSource
 from tests.apptest import figure, open_page, plotly_array
+from ui.pool_cells import figure_cells
 
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
 
@@ -128,29 +129,38 @@ def test_block_size_guide_steps_render():
 def test_prefix_sharing_facts_are_measured_on_the_real_model():
     at = open_page("pages/prefix_sharing.py")
     seen = {}
+    b_step = {}
 
     def check(at, n):
         seen[n] = {k: metric(at, k) for k in ("shared blocks (ref > 1)", "highest ref count", "copy-on-write so far",
                                               "tokens from the cache")}
-        if n == 3:  # B reuses A's blocks
+        if n == 4:  # B reuses A's blocks
             z = plotly_array(figure(at, "prefix_tables")["data"][0]["z"]).astype(float)
             assert np.nanmax(z) >= 2  # shared cells in the block tables
             bars = figure(at, "prefix_prefill")["data"]
+            computed = next(t for t in bars if t["name"].startswith("computed"))
             skipped = next(t for t in bars if t["name"].startswith("skipped"))
             labels = list(skipped["y"])
             b = next(i for i, lab in enumerate(labels) if lab.startswith("B"))
             assert plotly_array(skipped["x"])[b] > 0  # B skipped prefill tokens
+            b_step["computed"] = int(plotly_array(computed["x"])[b])
             ttft = plotly_array(figure(at, "prefix_ttft")["data"][0]["x"])
             assert len(ttft) == 2 and all(t > 0 for t in ttft)
 
     n = walk_guide(at, "prefix", check)
-    assert n == 10
+    assert n == 11
     assert int(seen[1]["shared blocks (ref > 1)"]) == 0
-    assert int(seen[3]["shared blocks (ref > 1)"]) > 0 and int(seen[3]["highest ref count"]) > 1
-    assert int(seen[3]["tokens from the cache"].replace(",", "")) > 0
-    assert int(seen[6]["copy-on-write so far"]) >= 1
-    assert int(seen[10]["tokens from the cache"].replace(",", "")) > int(
-        seen[3]["tokens from the cache"].replace(",", ""))  # D hit the cache after everyone left
+    assert int(seen[4]["shared blocks (ref > 1)"]) > 0 and int(seen[4]["highest ref count"]) > 1
+    assert int(seen[4]["tokens from the cache"].replace(",", "")) > 0
+    assert int(seen[7]["copy-on-write so far"]) >= 1
+    assert int(seen[11]["tokens from the cache"].replace(",", "")) > int(
+        seen[4]["tokens from the cache"].replace(",", ""))  # D hit the cache after everyone left
+    # predict then reveal: B's computed prompt tokens, as the bars measured them
+    at.session_state["prefix_guide_step"] = 2
+    at.run()
+    at.number_input(key="predict_prefix_prefix_b_computed").set_value(0).run()
+    assert any(f"Measured in this run: **{b_step['computed']:,} tokens**" in w.value for w in at.warning), \
+        [w.value for w in at.warning]
 
 
 @pytest.mark.slow
@@ -165,8 +175,15 @@ def test_under_pressure_both_modes_preempt_with_identical_outputs():
     assert any("exactly the same token ids" in s.value for s in at.success)
     table = at.dataframe[-1].value
     assert (table["same token ids in both runs"] == "✓ identical").all()
-
-
+    assert any(" wins: " in s.value for s in at.success)  # the verdict, with its numbers
+    assert any("modelled cost = work / rate" in m.value and "GFLOP" in m.value for m in at.markdown)
+    # predict then reveal: the victim is the most recently admitted running sequence
+    at.session_state["pressure_guide_step"] = 2
+    at.run()
+    radio = at.radio(key="predict_pressure_pressure_victim")
+    radio.set_value(radio.options[0]).run()
+    shown = [w.value for w in list(at.success) + list(at.warning) if "Measured in this run" in w.value]
+    assert shown and f"**{radio.options[-1]}**" in shown[0], shown  # listed in admission order: the last one
 @pytest.mark.slow
 def test_live_engine_guide_and_submitting_prompts():
     at = open_page("pages/live_engine.py")
@@ -186,7 +203,7 @@ def test_live_engine_guide_and_submitting_prompts():
         at.button(key="live_fwd").click().run()
         assert not at.exception, at.exception
     assert any("r1 was rejected" in e.value for e in at.error), [e.value for e in at.error]
-    z = plotly_array(figure(at, "live_heat")["data"][0]["z"]).reshape(-1)
+    z = figure_cells(figure(at, "live_heat"))[0]
     assert (z >= 4).sum() > 30  # the prompt's tokens fill slots
     figure(at, "live_arrows")
     assert any("Paris" in m.value or "capital" in m.value for m in at.markdown)

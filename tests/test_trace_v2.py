@@ -255,7 +255,7 @@ def test_size_limits_are_checked_before_reading(tmp_path, burst, monkeypatch):
     snaps, header = burst
     path = write_trace(tmp_path / "t.jsonl", snaps[:20], header)
     monkeypatch.setattr(trace, "MAX_TRACE_BYTES", 1000)
-    with pytest.raises(TraceError, match="limited to 1,000"):
+    with pytest.raises(TraceError, match="more than the 1,000 allowed"):
         load_recording(path)
     monkeypatch.setattr(trace, "MAX_TRACE_BYTES", 1 << 30)
     monkeypatch.setattr(trace, "MAX_LINE_BYTES", 1000)

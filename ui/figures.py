@@ -1,6 +1,11 @@
-"""Plotly figures for the pages: one heatmap cell per KV slot, and curves over the steps.
+"""Plotly figures for the pages: the KV pool at a level of detail that fits the screen, and curves
+over the steps.
 
 Pure functions from snapshot arrays to figures, so the pages stay thin and the figures are testable.
+The pool is drawn by :mod:`ui.pool_cells`: one cell per slot up to 16,384 slots, above that one
+cell per group of whole blocks (:func:`snapshot_heatmap`); the Streamlit side (the zoom control,
+the chart and its per-state counts) is :mod:`ui.pool_view`. :func:`pool_heatmap` and
+:func:`slot_hover_text` are the older one-string-per-slot figure, for small fixed pools only.
 """
 from __future__ import annotations
 
@@ -10,20 +15,14 @@ import numpy as np
 import plotly.graph_objects as go
 
 from pagedkv_core.slot_state import SlotState
+from ui.pool_cells import (  # the colours and words every pool figure shares
+    CACHED_COLOR, EMPTY_COLOR, FRAGMENT_COLOR, FREE_COLOR, LEGEND, NUM_CODES, REQUEST_COLORS, STATE_NAMES,
+    STATE_WORDS, PoolCells, pool_cells,
+)
+from ui.pool_cells import pool_heatmap as cells_heatmap
 
-# Fixed colours for the states that are not "a request's own token".
-FREE_COLOR = "#e6e6e6"  # grey: free
-EMPTY_COLOR = "#ff9f1c"  # orange: allocated but holding nothing
-CACHED_COLOR = "#b8d8e8"  # pale blue: cached-free block, reusable until evicted
-FRAGMENT_COLOR = "#c9a9a6"  # dusty red: a free hole too small for the next reservation
-# Request colours (filled slots): a qualitative palette without grey or orange.
-REQUEST_COLORS = [
-    "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
-    "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd", "#31a354", "#756bb1", "#e7298a",
-]
 _STATIC = {SlotState.FREE: 0, SlotState.EMPTY: 1, SlotState.CACHED: 2, SlotState.FRAGMENT: 3}
 _STATIC_COLORS = [FREE_COLOR, EMPTY_COLOR, CACHED_COLOR, FRAGMENT_COLOR]
-NUM_CODES = len(_STATIC_COLORS) + len(REQUEST_COLORS)
 
 # One colour per allocator in every chart over the steps.
 ALLOCATOR_COLORS = {"contiguous": "#c2410c", "paged": "#1d4ed8", "swap": "#0f766e", "recompute": "#a21caf"}
@@ -34,13 +33,6 @@ def series_color(name: str) -> str | None:
         if name.startswith(key):
             return color
     return None
-
-
-LEGEND = (
-    "grey = free · orange = allocated but holding nothing · colour = the request whose tokens fill it · "
-    "● = shared block (ref count > 1) · pale blue = cached block nobody uses (reusable) · "
-    "dusty red = free hole too small for the next reservation"
-)
 
 
 def grid_width(num_slots: int, block_size: int) -> int:
@@ -61,7 +53,7 @@ def color_codes(slot_state: np.ndarray, slot_owner: np.ndarray) -> np.ndarray:
 
 
 def _discrete_colorscale() -> list:
-    colors = _STATIC_COLORS + REQUEST_COLORS
+    colors = _STATIC_COLORS + list(REQUEST_COLORS)
     n = len(colors)
     scale = []
     for i, c in enumerate(colors):
@@ -123,16 +115,6 @@ def step_curves(steps, series: dict[str, list], title: str, y_title: str, *, per
     return fig
 
 
-STATE_WORDS = {
-    SlotState.FREE: "free",
-    SlotState.FILLED: "holds a token",
-    SlotState.EMPTY: "allocated, holding nothing yet",
-    SlotState.CACHED: "cached: no owner, reusable until evicted",
-    SlotState.SHARED: "shared block",
-    SlotState.FRAGMENT: "free, but in a hole too small for the next reservation",
-}
-
-
 def slot_hover_text(snap, request_ids: list[str], token_text=None) -> list[str]:
     """One hover string per slot: state, request, physical block and offset (paged) or the
     reservation offset (contiguous), and the token it holds (its text when ``token_text`` maps
@@ -173,3 +155,33 @@ def slot_hover_text(snap, request_ids: list[str], token_text=None) -> list[str]:
         parts = [p for p in (who, where(s), words.get(st_code, "?"), tok) if p]
         out.append("<br>".join(parts))
     return out
+
+
+# ---------------------------------------------------------------------------- level of detail
+def snapshot_cells(snap, window=None) -> PoolCells:
+    """The snapshot's pool (or the ``window`` = (lo, hi) of it) cut into heatmap cells."""
+    return pool_cells(snap.slot_state, snap.slot_owner, max(1, snap.block_size), window=window)
+
+
+def snapshot_heatmap(snap, request_ids, title: str, *, token_text=None, window=None,
+                     height: int = 420) -> tuple[go.Figure, PoolCells]:
+    """The pool of ``snap`` at its level of detail (see :mod:`ui.pool_cells`), and the cells drawn."""
+    cells = snapshot_cells(snap, window)
+    return cells_heatmap(cells, title, request_ids, token_text=token_text, snapshot=snap, height=height), cells
+
+
+def free_pool_heatmap(num_slots: int, block_size: int, title: str, *, window=None,
+                      height: int = 420) -> tuple[go.Figure, PoolCells]:
+    """A pool in which every slot is free (before step 0)."""
+    cells = pool_cells(np.zeros(num_slots, np.int8), np.full(num_slots, -1, np.int32), max(1, block_size),
+                       window=window)
+    return cells_heatmap(cells, title, [], height=height), cells
+
+
+def state_counts(cells: PoolCells) -> str:
+    """"All 2,048 slots: free 1,200 · filled 800 · empty 48": the slots of each state that occurs
+    among the cells drawn (exact: they equal ``np.bincount`` of the slot states)."""
+    totals = cells.state_totals.tolist()
+    where = (f"All {cells.num_slots:,} slots" if (cells.lo, cells.hi) == (0, cells.num_slots)
+             else f"Slots {cells.lo:,}–{cells.hi - 1:,} of {cells.num_slots:,}")
+    return f"{where}: " + " · ".join(f"{STATE_NAMES[s]} {n:,}" for s, n in enumerate(totals) if n)

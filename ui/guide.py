@@ -47,9 +47,9 @@ def _from_url(key: str) -> None:
             st.session_state[f"{key}_guide_step"] = int(raw) - 1
 
 
-def mode(key: str, help: str | None = None) -> bool:
-    """The Guide-mode and Presenter-mode toggles at the top of a page. True while the guide is on
-    (presenter mode implies it; :func:`ui.presenter.on` tells the two apart)."""
+def mode(key: str, help: str | None = None, *, title: str | None = None) -> bool:
+    """The page's title (when given) with the Guide-mode and Presenter-mode toggles beside it. True
+    while the guide is on (presenter mode implies it; :func:`ui.presenter.on` tells the two apart)."""
     _from_url(key)
     guide_key = f"{key}_guide"
 
@@ -58,11 +58,14 @@ def mode(key: str, help: str | None = None) -> bool:
             st.session_state[f"{key}_present"] = False
 
     with st.container(horizontal=True, gap="large", vertical_alignment="center"):
-        on = st.toggle(
-            "Guide mode", key=guide_key, on_change=changed,
-            help=help or "A fixed, seeded walkthrough with Next / Previous: everyone in a workshop sees the same steps.",
-        )
-        presenter.toggle(key, guide_key)
+        if title:
+            st.title(title, width="content")
+        with st.container(horizontal=True, gap="large", vertical_alignment="center", width="content"):  # wrap together
+            on = st.toggle(
+                "Guide mode", key=guide_key, on_change=changed,
+                help=help or "A fixed, seeded walkthrough with Next / Previous: everyone in a workshop sees the same steps.",
+            )
+            presenter.toggle(key, guide_key)
     return on
 
 

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from pagedkv_core.allocator import allocator_kind
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.kv_math import KVShape
+from pagedkv_core.kv_math import KVShape, format_bytes
+from pagedkv_core.memory import check_fits, kv_pool_bytes, session_budget
 from pagedkv_core.model.loader import ModelLoadError, gguf_cache_dir, load_model, resolve_source
 
 
@@ -68,13 +70,31 @@ def _base_runner(model_path: str):
 class EngineFactory:
     """``factory(config)``: a fresh Engine on the real model with its own KV pool. Every engine made
     by one factory shares one copy of the weights (a shallow copy of the cached runner: ``bind``
-    gives each copy its own pools), so a page can run several side by side."""
+    gives each copy its own pools), so a page can run several side by side.
+
+    A pool is sized before it is allocated (:meth:`kv_bytes`: device slots plus the host slots
+    of the swap pool, at the model's bytes per token), and an engine whose pools would not fit the
+    session's memory budget is refused with the numbers (BudgetError, a ConfigError)."""
 
     runner: object  # pagedkv_core.model.runner.ModelRunner
     tokenizer: object
 
-    def __call__(self, config: EngineConfig) -> Engine:
-        return Engine(config, copy.copy(self.runner))
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes of one token slot, in the runner's element type."""
+        return int(self.runner.bytes_per_slot)
+
+    def kv_bytes(self, config: EngineConfig) -> int:
+        """The device pool and the host swap pool an engine of ``config`` allocates."""
+        host = config.num_host_blocks * config.block_size if allocator_kind(config.allocator) == "paged" else 0
+        return kv_pool_bytes(config.pool_slots, host, self.bytes_per_token)
+
+    def __call__(self, config: EngineConfig, recording=None) -> Engine:
+        check_fits(self.kv_bytes(config), session_budget(),
+                   f"a real-model KV pool of {config.pool_slots:,} slots (plus its swap pool) at "
+                   f"{format_bytes(self.bytes_per_token)} a token",
+                   hint="pick a smaller pool or swap pool, or raise PAGEDKV_SESSION_BUDGET")
+        return Engine(config, copy.copy(self.runner), recording=recording)
 
 
 def engine_factory() -> EngineFactory | None:

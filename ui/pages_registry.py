@@ -29,6 +29,8 @@ PAGES = (
     PageInfo("pages/block_size.py", "Block size and pool sizing", ":material/grid_view:", "block-size", 5,
              "a block-size sweep and a pool calculator"),
     PageInfo("pages/ops.py", "Ops dashboard", ":material/monitoring:", "ops", 6, "the signals an operator watches"),
+    PageInfo("pages/baselines.py", "Real traffic: the paper's baselines", ":material/stacked_bar_chart:", "baselines", 7,
+             "Azure's production requests on the vLLM paper's three Orca baselines and on paging, waste measured"),
 )
 HOME = PAGES[0]
 

@@ -71,26 +71,24 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
             st.session_state[step_key] = target
             state["note"] = None
 
-    c = st.columns([1, 1, 1.25, 1, 2.4, 2.3, 1.5] if runs else [1, 1, 1.25, 1, 2.4, 3.8])
-    c[0].button("Reset", icon=":material/first_page:", key=f"{key}_reset", on_click=move, kwargs={"to": 0},
-                width="stretch")
-    c[1].button("Back", icon=":material/chevron_left:", key=f"{key}_back", on_click=move, kwargs={"delta": -1},
-                width="stretch")
-    c[2].button("Pause" if state["playing"] else "Play", icon=":material/pause:" if state["playing"] else ":material/play_arrow:",
-                key=f"{key}_play", on_click=toggle, type="primary", width="stretch")
-    c[3].button("Step", icon=":material/chevron_right:", key=f"{key}_fwd", on_click=move, kwargs={"delta": 1},
-                width="stretch")
-    c[4].slider("Speed (steps per second)", SPEEDS[0], SPEEDS[1], DEFAULT_SPEED, key=f"{key}_speed",
-                label_visibility="collapsed", format="%d steps/s",
-                help="How fast Play moves through the run. Above about 5 steps per second the page cannot redraw every "
-                     "step, so it skips the ones it has no time to draw and keeps the speed.")
-    if runs:
-        c[5].selectbox("Event kind", list(run_events.SHORT_NAMES.values()), key=f"{key}_event_kind",
-                       label_visibility="collapsed", help="The kind of event that Next event jumps to.")
-        c[6].button("Next event", icon=":material/skip_next:", key=f"{key}_next_event", on_click=jump, width="stretch",
-                    help="Jump to the next step at which the chosen kind of event happens (in any run shown).")
-        if state.get("note"):
-            st.caption(state["note"])
+    with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
+        st.button("Reset", icon=":material/first_page:", key=f"{key}_reset", on_click=move, kwargs={"to": 0})
+        st.button("Back", icon=":material/chevron_left:", key=f"{key}_back", on_click=move, kwargs={"delta": -1})
+        st.button("Pause" if state["playing"] else "Play",
+                  icon=":material/pause:" if state["playing"] else ":material/play_arrow:",
+                  key=f"{key}_play", on_click=toggle, type="primary", width=110)
+        st.button("Step", icon=":material/chevron_right:", key=f"{key}_fwd", on_click=move, kwargs={"delta": 1})
+        st.slider("Speed", SPEEDS[0], SPEEDS[1], DEFAULT_SPEED, key=f"{key}_speed", format="%d steps/s", width=160,
+                  help="How fast Play moves through the run, in steps per second. Above about 5 steps per second the "
+                       "page cannot redraw every step, so it skips the ones it has no time to draw and keeps the speed.")
+        if runs:  # a group of its own, so that on a narrow screen the two wrap together
+            with st.container(horizontal=True, vertical_alignment="bottom", gap="small", width="content"):
+                st.selectbox("Jump to the next", list(run_events.SHORT_NAMES.values()), key=f"{key}_event_kind",
+                             width=165, help="The kind of event that Next event jumps to.")
+                st.button("Next event", icon=":material/skip_next:", key=f"{key}_next_event", on_click=jump,
+                          help="Jump to the next step at which the chosen kind of event happens (in any run shown).")
+    if runs and state.get("note"):
+        st.caption(state["note"])
 
 
 def is_playing(key: str) -> bool:
@@ -149,4 +147,6 @@ def slider(key: str, num_steps: int, runs=None) -> int:
     if runs:
         fig = run_events.event_strip(runs, num_steps, value)
         st.plotly_chart(fig, width="stretch", key=f"{key}_events", config=export.png_config(f"{key}-events"))
+        st.caption("Where each kind of event happens: a tick per step, the dotted line at this step. "
+                   "Next event jumps to the next tick of the kind chosen above.")
     return value

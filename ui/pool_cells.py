@@ -484,10 +484,14 @@ def _aggregate_layers(cells: PoolCells, detail: bool) -> list[_Layer]:
     return layers
 
 
+GAP_COLUMNS = 96  # up to this many cells a row, a 1-pixel gap parts the cells; wider grids have none (it would eat them)
+
+
 def _trace(layer: _Layer, codes: np.ndarray, width: int, rows: int) -> go.Heatmap:
     """A column-form heatmap of the layer's cells, padded with one off-screen point (x = width or
     y = rows) per grid column and row it lacks, so that plotly lays it out on the common grid."""
     m = layer.members
+    gap = 1 if width <= GAP_COLUMNS else 0
     x, y = m % width, m // width
     miss_x = np.setdiff1d(np.arange(width), x)
     miss_y = np.setdiff1d(np.arange(rows), y)
@@ -509,7 +513,7 @@ def _trace(layer: _Layer, codes: np.ndarray, width: int, rows: int) -> go.Heatma
         y=_small(np.concatenate([y, np.full(len(miss_x), rows), miss_y])),
         z=padded(codes[m]), text=padded(layer.text), hovertext=padded(layer.hovertext), customdata=custom,
         coloraxis="coloraxis", hovertemplate=layer.template + "<extra></extra>",
-        hoverongaps=False, connectgaps=False, xgap=1, ygap=1, showlegend=False,
+        hoverongaps=False, connectgaps=False, xgap=gap, ygap=gap, showlegend=False,
     )
 
 
@@ -539,11 +543,11 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
     layers = build(True)
     if sum(layer.nbytes() for layer in layers) > HOVER_BYTES:
         layers = build(False)  # drop the detail fields (block offsets, reservations, block ranges)
-    fig = go.Figure([_trace(layer, codes, width, rows) for layer in layers])
+    traces = [_trace(layer, codes, width, rows) for layer in layers]
 
     shared = np.flatnonzero(cells.counts[:, SlotState.SHARED] > 0)
     if len(shared):
-        fig.add_trace(go.Scattergl(x=_small(shared % width), y=_small(shared // width), mode="markers",
+        traces.append(go.Scattergl(x=_small(shared % width), y=_small(shared // width), mode="markers",
                                    hoverinfo="skip", showlegend=False,
                                    marker=dict(symbol="circle", size=4, color=SHARED_DOT_COLOR)))
     bs = cells.block_size
@@ -554,18 +558,61 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
 
     spc = cells.slots_per_cell
     if cells.per_slot:
-        x_title = f"slot within row ({width} per row)"
+        x_title = f"{width} slots a row"
     else:
-        unit = f"{cells.blocks_per_cell} blocks = {spc:,} slots" if cells.blocks_per_cell else f"{spc:,} slots"
-        x_title = f"cell within row ({width} per row; one cell = {unit})"
-    ticks = np.unique(np.linspace(0, rows - 1, num=min(rows, 6)).round().astype(int))
-    fig.update_layout(
+        blocks = f" ({cells.blocks_per_cell} blocks)" if cells.block_size > 1 and cells.blocks_per_cell else ""
+        x_title = f"{width} cells a row; a cell = {spc:,} slots{blocks}"
+    ticks = np.unique(np.linspace(0, rows - 1, num=min(rows, 6)).round().astype(int)).tolist()
+    # One layout, given whole to the constructor: plotly validates it once (update_layout and
+    # update_*axes each validate again, which took most of the figure's time at 1M slots).
+    layout = dict(
         title=dict(text=title, x=0.0, font=dict(size=15)), height=height, margin=dict(l=70, r=10, t=40, b=30),
         plot_bgcolor="white", hoverlabel=dict(font_size=12), shapes=lines,
         coloraxis=dict(colorscale=colorscale(), cmin=-0.5, cmax=NUM_CODES - 0.5, showscale=False),
+        xaxis=dict(title=dict(text=x_title), showgrid=False, zeroline=False, range=[-0.5, width - 0.5]),
+        yaxis=dict(title=dict(text="first slot of the row"), showgrid=False, zeroline=False, range=[rows - 0.5, -0.5],
+                   tickmode="array", tickvals=ticks, ticktext=[f"{cells.lo + r * width * spc:,}" for r in ticks]),
     )
-    fig.update_xaxes(title_text=x_title, showgrid=False, zeroline=False, range=[-0.5, width - 0.5])
-    fig.update_yaxes(title_text="first slot of the row", showgrid=False, zeroline=False, range=[rows - 0.5, -0.5],
-                     tickmode="array", tickvals=ticks.tolist(),
-                     ticktext=[f"{cells.lo + r * width * spc:,}" for r in ticks.tolist()])
-    return fig
+    return go.Figure(data=traces, layout=layout)
+
+
+# ---------------------------------------------------------------------------------------- reading back
+def plotly_array(value) -> np.ndarray:
+    """A figure's array as the browser gets it: plotly 6 writes numpy arrays as
+    ``{"dtype", "bdata" (base64), "shape"}``; a plain list stays a list."""
+    if isinstance(value, dict) and "bdata" in value:
+        import base64
+
+        a = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        return a.reshape([int(x) for x in str(shape).split(",")]) if shape else a
+    return np.asarray(value)
+
+
+def figure_cells(spec: Mapping) -> tuple[np.ndarray, list[str]]:
+    """What a :func:`pool_heatmap` figure draws, read back from its JSON (``fig.to_plotly_json()``
+    or what Streamlit sends): the colour code of every cell in row-major cell order (-1 where the
+    grid has no cell), and each cell's ``hovertext`` string ("" where its layer carries numbers).
+
+    The figure spreads its cells over several column-form traces, so this is how a test or an
+    export checks what was drawn against a snapshot (``cell_codes(pool_cells(...))``)."""
+    layout = spec["layout"]
+    width = int(round(layout["xaxis"]["range"][1] + 0.5))
+    rows = int(round(layout["yaxis"]["range"][0] + 0.5))
+    codes = np.full(rows * width, -1, dtype=np.int64)
+    texts = [""] * (rows * width)
+    for trace in spec["data"]:
+        if trace.get("type") != "heatmap":
+            continue
+        x, y = plotly_array(trace["x"]).astype(np.int64), plotly_array(trace["y"]).astype(np.int64)
+        z = plotly_array(trace["z"]).astype(np.int64)
+        on_grid = np.flatnonzero((x < width) & (y < rows))  # the rest are the off-screen padding points
+        idx = y[on_grid] * width + x[on_grid]
+        codes[idx] = z[on_grid]
+        hover = trace.get("hovertext")
+        if isinstance(hover, (list, tuple)):
+            for i, k in zip(idx.tolist(), on_grid.tolist()):
+                texts[i] = str(hover[k])
+    drawn = np.flatnonzero(codes >= 0)
+    n = int(drawn[-1]) + 1 if len(drawn) else 0
+    return codes[:n], texts[:n]

@@ -31,6 +31,7 @@ class Prediction:
     options: tuple[str, ...] = ()
     tolerance: float = 0.0
     unit: str = ""
+    source: str = "Measured in this run"  # how the answer was obtained, said when it is revealed
 
     def __post_init__(self):
         if not self.question.startswith(PREFIX):
@@ -102,35 +103,34 @@ def score_text() -> str:
 
 def ask(p: Prediction, scope: str) -> bool | None:
     """Draw the question; once answered, the measured answer and why. Returns whether the
-    first answer was right, or None while unanswered. The widget locks after the first answer,
-    so the score counts predictions, not second tries."""
+    first answer was right, or None while unanswered. The first answer stands (the widget gives
+    way to it), so the score counts predictions, not second tries."""
     key = widget_key(scope, p)
     rec = _record()
+    given = st.session_state.get(key)  # the answer just given, before the widget is drawn again
+    if key not in rec and given is not None:
+        rec[key] = (given, p.grade(given))
     locked = key in rec
+    if locked:  # the first answer stands: the question, what was said, and the measured answer
+        first, right = rec[key]
+        said = first if p.is_choice else number_text(first)
+        st.markdown(f"{p.question} You said **{said}**.")
+        if right:
+            st.success(f"**Right.** {p.source}: **{p.answer_text()}**. {p.why}", icon=":material/check_circle:")
+        else:
+            st.warning(f"**Not quite.** {p.source}: **{p.answer_text()}**. {p.why}", icon=":material/lightbulb:")
+        return right
     if p.is_choice:
-        guess = st.radio(p.question, p.options, index=None, key=key, disabled=locked,
-                         horizontal=sum(len(o) for o in p.options) < 110)
-        out = st.container()
-    else:  # a short input, with the hint and then the reveal beside it
-        left, out = st.columns([2, 3], vertical_alignment="bottom")
-        guess = left.number_input(p.question, value=None, key=key, disabled=locked,
-                                  step=1.0 if p.tolerance >= 1 or float(p.answer).is_integer() else None,
-                                  placeholder="your guess, then Enter",
-                                  help=f"Counts as right within ±{p.tolerance:g}{' ' + p.unit if p.unit else ''}."
-                                  if p.tolerance else "Counts as right when exact.")
-    if guess is None and not locked:
-        out.caption("Answer to reveal what the run measured.")
-        return None
-    if not locked:
-        rec[key] = (guess, p.grade(guess))
-    first, right = rec[key]
-    said = first if p.is_choice else number_text(first)
-    if right:
-        out.success(f"**Right.** Measured in this run: **{p.answer_text()}**. {p.why}", icon=":material/check_circle:")
-    else:
-        out.warning(f"**Not quite:** you said {said}. Measured in this run: **{p.answer_text()}**. {p.why}",
-                    icon=":material/lightbulb:")
-    return right
+        st.radio(p.question, p.options, index=None, key=key, horizontal=sum(len(o) for o in p.options) < 110)
+        st.caption("Answer to reveal what the run measured.")
+    else:  # a short input, the hint beside it
+        left, right_col = st.columns([3, 2], vertical_alignment="bottom")
+        left.number_input(p.question, value=None, key=key, step=1.0 if p.tolerance >= 1 or float(p.answer).is_integer() else None,
+                          placeholder="your guess, then Enter",
+                          help=f"Counts as right within ±{p.tolerance:g}{' ' + p.unit if p.unit else ''}."
+                          if p.tolerance else "Counts as right when exact.")
+        right_col.caption("Answer to reveal what the run measured.")
+    return None
 
 
 def answered(p: Prediction, scope: str) -> bool:

@@ -90,6 +90,8 @@ def enlarge(fig: go.Figure, height: int = SLIDE_HEIGHT) -> go.Figure:
     fig.update_xaxes(title_font=dict(size=SLIDE_FONT), tickfont=dict(size=SLIDE_FONT - 2))
     fig.update_yaxes(title_font=dict(size=SLIDE_FONT), tickfont=dict(size=SLIDE_FONT - 2))
     fig.update_annotations(font_size=SLIDE_FONT)
+    fig.update_layout(legend_font_size=SLIDE_FONT - 2)
+    fig.update_traces(textfont_size=SLIDE_FONT - 1, selector=dict(type="scatter"))
     return fig
 
 
@@ -100,20 +102,29 @@ def slide(fig: go.Figure, key: str, caption: str | None = None, *, height: int =
         st.caption(caption)
 
 
-def side_by_side(figs: list[go.Figure], titles: list[str], title: str) -> go.Figure:
-    """One figure from several (heatmaps, usually): their traces and shapes in columns, each
-    under its own title, so a slide still shows one figure."""
+def side_by_side(figs: list[go.Figure], titles: list[str], title: str, *, heatmaps: bool = True) -> go.Figure:
+    """One figure from several: their traces and shapes in columns, each under its own title, so a
+    slide still shows one figure. ``heatmaps``: pool grids (rows top-down, no tick labels); else
+    charts that keep their axis titles."""
     from plotly.subplots import make_subplots
 
-    out = make_subplots(rows=1, cols=len(figs), subplot_titles=titles, horizontal_spacing=0.03)
+    out = make_subplots(rows=1, cols=max(1, len(figs)), subplot_titles=titles, horizontal_spacing=0.03 if heatmaps else 0.08)
     for col, fig in enumerate(figs, start=1):
         for trace in fig.data:
             out.add_trace(trace, row=1, col=col)
         for shape in fig.layout.shapes or ():
             out.add_shape(shape, row=1, col=col)
-        out.update_xaxes(range=fig.layout.xaxis.range, showgrid=False, zeroline=False, showticklabels=False,
-                         row=1, col=col)
-        out.update_yaxes(autorange="reversed", showgrid=False, zeroline=False, showticklabels=False, row=1, col=col)
+        if heatmaps:
+            out.update_xaxes(range=fig.layout.xaxis.range, showgrid=False, zeroline=False, showticklabels=False,
+                             row=1, col=col)
+            out.update_yaxes(autorange="reversed", showgrid=False, zeroline=False, showticklabels=False, row=1, col=col)
+        else:  # keep each chart's axes: titles, ranges, category labels
+            for name, update in (("xaxis", out.update_xaxes), ("yaxis", out.update_yaxes)):
+                axis = fig.layout[name]
+                update(title_text=axis.title.text, range=axis.range, autorange=axis.autorange, tickvals=axis.tickvals,
+                       ticktext=axis.ticktext, showgrid=axis.showgrid, zeroline=axis.zeroline, row=1, col=col)
+    if figs and figs[0].layout.coloraxis:  # traces that share a colour axis (the pool's cells) keep its scale
+        out.update_layout(coloraxis=figs[0].layout.coloraxis)
     out.update_layout(title=dict(text=title, x=0.0), plot_bgcolor="white", showlegend=False,
                       margin=dict(l=10, r=10, t=80, b=10))
     return out

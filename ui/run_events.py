@@ -105,7 +105,7 @@ def event_strip(runs: Sequence, num_steps: int, current: int | None = None) -> g
     if current is not None:
         fig.add_vline(x=current, line_dash="dot", line_color="#111827")
     height = 46 + 19 * max(1, len(rows))
-    fig.update_layout(height=height, margin=dict(l=150, r=10, t=4, b=26), plot_bgcolor="white", showlegend=len(runs) > 1,
+    fig.update_layout(height=height, margin=dict(l=100, r=10, t=4, b=26), plot_bgcolor="white", showlegend=len(runs) > 1,
                       legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom", font=dict(size=11)),
                       font=dict(size=11))
     fig.update_xaxes(range=[-0.5, max(num_steps, 1) - 0.5], showgrid=False, zeroline=False, title=None)

@@ -7,6 +7,7 @@ Every engine setting's default and bounds come from its rule in :mod:`pagedkv_co
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,6 +74,12 @@ def _engine(name: str, from_text: Callable[[str], object], offered: list | None 
     return Setting(name, spec.default, parse)
 
 
+def _policy(text: str) -> str:
+    from pagedkv_core.allocator import CONTIGUOUS_POLICIES
+
+    return _one_of(list(CONTIGUOUS_POLICIES))(text)
+
+
 def _workload(text: str) -> str:
     from pagedkv_core.workloads import WORKLOADS
 
@@ -86,6 +93,7 @@ SETTINGS = [
     _engine("preemption", str),
     _engine("swap_slots", _whole),  # default None: the config's rule, as many host slots as the pool
     _engine("prefix_caching", _bool),
+    Setting("contiguous_policy", "max", _policy),  # which contiguous baseline runs beside paged
     Setting("workload", "explainer40", _workload),
     Setting("source", "scripted", _one_of(list(SOURCES))),
     _engine("seed", _whole),
@@ -150,9 +158,54 @@ def _top(spec: SettingSpec, step: float) -> float:
 
 @functools.lru_cache(maxsize=None)
 def _workload_label(name: str) -> str:
-    from pagedkv_core.workloads import build_workload
+    """``name: the description's first clause`` (the select box's line; the whole description
+    is the caption under it)."""
+    from pagedkv_core.workloads import workload_description
 
-    return f"{name}: {build_workload(name).description}"
+    return f"{name}: {re.split(r'[:;]', workload_description(name), maxsplit=1)[0]}"
+
+
+POLICY_LABELS = {
+    "max": "Orca Max: reserve max_tokens",
+    "pow2": "Orca Pow2: the answer, rounded up to a power of two",
+    "oracle": "Orca Oracle: exactly the answer",
+}
+# The options of a request-trace CSV upload (pagedkv_core.workloads.TraceOptions), shown when one is uploaded.
+CSV_DEFAULTS = {"csv_start": 0, "csv_count": 200, "csv_seconds_per_step": 0.05, "csv_rate": 1.0}
+
+
+def is_trace_csv(file_name: str) -> bool:
+    """Whether an uploaded workload is a request trace (CSV, or gzipped CSV) rather than JSON."""
+    lower = file_name.lower()
+    return lower.endswith(".csv") or lower.endswith(".csv.gz")
+
+
+def csv_options() -> dict:
+    """The sidebar's options for a trace CSV upload, as ``workload_from_bytes`` keywords."""
+    get = {k: st.session_state.get(k, v) for k, v in CSV_DEFAULTS.items()}
+    return {"start": int(get["csv_start"]), "count": int(get["csv_count"]),
+            "seconds_per_step": float(get["csv_seconds_per_step"]), "rate": float(get["csv_rate"])}
+
+
+def rounded_pool(slots: int, block_size: int) -> int:
+    """``slots`` rounded down to whole blocks of ``block_size``, within the pool's bounds."""
+    spec = setting_spec("pool_slots")
+    top = spec.hi // block_size * block_size
+    low = -(-max(spec.lo, block_size) // block_size) * block_size
+    return max(low, min(top, int(slots) // block_size * block_size))
+
+
+def use_pool(slots: int, source: str = "") -> int:
+    """Set the sidebar's pool to ``slots`` rounded down to whole blocks of the sidebar's block
+    size (and within the pool's bounds); the sidebar says so on its next run. Call it from a
+    button's ``on_click``, before the sidebar's widgets are drawn. Returns the pool set."""
+    block_size = int(current("block_size"))
+    pool = rounded_pool(slots, block_size)
+    st.session_state["pool_slots"] = pool
+    capped = " (the most the sidebar allows)" if pool < int(slots) // block_size * block_size else ""
+    st.session_state["_pool_notice"] = (f"Pool set to {pool:,} token slots{capped}: {pool // block_size:,} blocks of "
+                                        f"{block_size}" + (f", from {source}" if source else "") + ".")
+    return pool
 
 
 def sidebar() -> None:
@@ -168,7 +221,11 @@ def sidebar() -> None:
     sb.select_slider("Block size (token slots per block)", options=BLOCK_SIZES, key="block_size",
                      help="Small blocks waste less of their last block; large blocks mean shorter block tables.")
     sb.number_input("Pool size (token slots)", min_value=pool.lo, max_value=pool.hi, step=256, key="pool_slots",
-                    help="KV memory shared by all requests, counted in token slots. Both allocators get the same pool.")
+                    help="KV memory shared by all requests, counted in token slots. Both allocators get the same pool. "
+                         f"Up to {pool.hi:,}: a large GPU's pool (Llama 3 8B in fp16 on one 80 GB GPU holds about 450k).")
+    notice = st.session_state.pop("_pool_notice", None)
+    if notice:
+        sb.success(notice)
     sb.slider("Watermark (share of the pool kept free)", min_value=watermark.lo,
               max_value=_top(watermark, WATERMARK_STEP), step=WATERMARK_STEP, key="watermark",
               help="Admissions may not dip into this reserve, so running sequences can always grow by a token.")
@@ -179,10 +236,33 @@ def sidebar() -> None:
                     disabled=st.session_state.get("preemption") != "swap")
     sb.toggle("Prefix caching", key="prefix_caching",
               help="Reuse full blocks whose chained hash (parent hash + tokens) matches an earlier request's.")
+    sb.radio("Contiguous policy", list(POLICY_LABELS), key="contiguous_policy", format_func=POLICY_LABELS.get,
+             help="What the contiguous side reserves beyond the prompt: the vLLM paper's three Orca baselines "
+                  "(Kwon et al., SOSP 2023, section 6.1). Pow2 and Oracle know each answer's length in advance, "
+                  "which no real server does.")
     sb.selectbox("Workload", list(WORKLOADS), key="workload", format_func=_workload_label,
                  help="A seeded scenario of scripted requests (prompt length, answer length, arrival step).")
-    sb.file_uploader("…or a workload file (.json)", type=["json"], key="workload_upload",
-                     help='A JSON list of {"id", "prompt" or "prompt_len", "output_len", "max_tokens", "arrival_step", "n"}.')
+    upload = st.session_state.get("workload_upload")
+    if upload is None:
+        from pagedkv_core.workloads import workload_description
+
+        sb.caption(workload_description(current("workload")))
+    sb.file_uploader("…or a workload file (.json or .csv)", type=["json", "csv", "gz"], key="workload_upload",
+                     help='A JSON list of {"id", "prompt" or "prompt_len", "output_len", "max_tokens", "arrival_step", "n"}, '
+                          "or a request trace: a CSV (or .csv.gz) with the columns TIMESTAMP, ContextTokens and "
+                          "GeneratedTokens, one request per row (Azure's LLM inference traces have them).")
+    if upload is not None and is_trace_csv(upload.name):
+        for k, v in CSV_DEFAULTS.items():
+            st.session_state.setdefault(k, v)
+        c = sb.columns(2)
+        c[0].number_input("Skip rows", min_value=0, step=100, key="csv_start", help="Rows of the trace to skip first.")
+        c[1].number_input("Requests", min_value=1, max_value=5000, step=50, key="csv_count",
+                          help="How many rows after the skipped ones become requests.")
+        c = sb.columns(2)
+        c[0].number_input("Trace seconds per step", min_value=0.001, max_value=3600.0, step=0.01, format="%.3f",
+                          key="csv_seconds_per_step", help="How much of the trace's time one engine step stands for.")
+        c[1].number_input("Rate multiplier", min_value=0.01, max_value=1000.0, step=0.5, key="csv_rate",
+                          help="2 = the requests arrive twice as densely as in the trace.")
     sb.radio("Token source", list(SOURCES), key="source", format_func=SOURCES.get,
              help="Scripted plays hundreds of steps instantly; SmolLM2 runs the real model and shows real text.")
     sb.number_input("Seed", min_value=seed.lo, max_value=seed.hi, step=1, key="seed")

@@ -10,6 +10,7 @@ anything itself.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,6 +92,16 @@ class TimedRun(Run):
         """Measured wall time of ``engine.step()`` at ``step`` (clamped like :meth:`at`)."""
         return self.wall_s[max(0, min(step, len(self.wall_s) - 1))]
 
+    def excess_wall_s(self, steps) -> float:
+        """Measured time of ``steps`` beyond the run's median step time, summed: what the extra work
+        done in those steps cost (noisy on a busy machine; the median of the others is the baseline)."""
+        steps = sorted(set(steps))
+        others = [w for i, w in enumerate(self.wall_s) if i not in steps]
+        if not steps or not others:
+            return 0.0
+        base = statistics.median(others)
+        return sum(self.wall_s[i] - base for i in steps if i < len(self.wall_s))
+
     def outputs_at(self, step: int) -> dict[str, list[list[int]]]:
         if not self.outputs:
             return {rid: [[] for _ in range(r.n)] for rid, r in self.requests.items()}
@@ -141,16 +152,22 @@ class TimedRun(Run):
         return self.outputs_at(len(self.outputs) - 1)[request_id] if self.outputs else []
 
     # ------------------------------------------------------------------ pressure
-    def swap_bytes(self) -> tuple[int, int]:
-        """(bytes copied to host, bytes copied back) over the run."""
-        out = sum(len(e.detail.get("host_blocks", [])) for _, e in self.events(PREEMPT_SWAP))
-        back = sum(len(e.detail.get("host_blocks", [])) for _, e in self.events(SWAP_IN))
+    # ``upto``: count the steps up to and including it only (None: the whole run).
+    def swap_bytes(self, upto: int | None = None) -> tuple[int, int]:
+        """(bytes copied to host, bytes copied back)."""
+        out = sum(len(e.detail.get("host_blocks", [])) for _, e in self.events(PREEMPT_SWAP, upto=upto))
+        back = sum(len(e.detail.get("host_blocks", [])) for _, e in self.events(SWAP_IN, upto=upto))
         return out * self.bytes_per_block, back * self.bytes_per_block
 
-    def recomputed_tokens(self) -> int:
+    def recompute_cache_hits(self, upto: int | None = None) -> int:
+        """Tokens that sequences re-admitted after a recompute preemption found in the prefix cache."""
+        return sum(int(e.detail.get("cached_tokens", 0)) for _, e in self.events(ADMIT, upto=upto)
+                   if e.detail.get("recompute"))
+
+    def recomputed_tokens(self, upto: int | None = None) -> int:
         """Tokens prefilled again after a recompute preemption (prefix-cache hits excluded)."""
         total = 0
-        for step, e in self.events(ADMIT):
+        for step, e in self.events(ADMIT, upto=upto):
             if not e.detail.get("recompute"):
                 continue
             snap = self.at(step)
@@ -161,10 +178,10 @@ class TimedRun(Run):
             total += max(0, computed - int(e.detail.get("cached_tokens", 0)))
         return total
 
-    def preempted_tokens(self) -> int:
+    def preempted_tokens(self, upto: int | None = None) -> int:
         """Tokens whose K/V the preempted sequences had in the pool when they were evicted."""
         total = 0
-        for step, e in self.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE):
+        for step, e in self.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE, upto=upto):
             if step == 0:
                 continue
             before = self.at(step - 1)
@@ -174,11 +191,12 @@ class TimedRun(Run):
                 pass
         return total
 
-    def preemptions(self) -> list[dict]:
-        """Every preemption, with the running sequences it was chosen from (the snapshot before)."""
+    def preemptions(self, upto: int | None = None) -> list[dict]:
+        """Every preemption, with the running sequences it was chosen from: the running list of
+        the snapshot before, in admission order (the engine keeps it so)."""
         rows = []
         ids = self.request_ids
-        for step, e in self.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE):
+        for step, e in self.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE, upto=upto):
             before = self.at(step - 1) if step > 0 else None
             running = []
             if before is not None:
@@ -199,6 +217,21 @@ class TimedRun(Run):
 MakeEngine = Callable[[EngineConfig], Engine]
 
 
+def run_interleaved(runs: list[TimedRun], max_steps: int = MAX_LESSON_STEPS) -> list[TimedRun]:
+    """Run several engines to the end one step each in turn, the order reversed every step, so
+    that whatever else loads the machine weighs on their measured step times alike (two runs one
+    after the other can differ 30x on a busy machine). Each engine is still stepped alone: the
+    tokens and the schedule are exactly what :meth:`TimedRun.run` would produce."""
+    order = list(runs)
+    while True:
+        live = [r for r in order if r.engine.has_unfinished() and r.num_steps < max_steps]
+        if not live:
+            return runs
+        for rec in live:
+            rec.step()
+        order.reverse()
+
+
 def new_timed_run(label: str, config: EngineConfig, make_engine: MakeEngine) -> TimedRun:
     """An empty run on a fresh engine; ``bytes_per_block`` from the token source when it knows it."""
     engine = make_engine(config)
@@ -210,11 +243,10 @@ def new_timed_run(label: str, config: EngineConfig, make_engine: MakeEngine) -> 
 
 
 # ---------------------------------------------------------------------------- Streamlit side
-def cached(scenario: Callable[..., TimedRun], config: EngineConfig, *args,
-           spinner: str = "Running SmolLM2…") -> TimedRun | None:
+def cached(scenario: Callable, config: EngineConfig, *args, spinner: str = "Running SmolLM2…"):
     """``scenario(make_engine, tokenizer, config, *args)`` on the sidebar's model, run once per
-    process for each config and kept in ``st.cache_resource``. None (after st.error) when the
-    model cannot load."""
+    process for each config and arguments and kept in ``st.cache_resource``: a TimedRun, or what
+    the scenario returns (several runs). None (after st.error) when the model cannot load."""
     from ui.models import engine_factory, model_path
 
     make = engine_factory()
@@ -225,5 +257,5 @@ def cached(scenario: Callable[..., TimedRun], config: EngineConfig, *args,
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _cached_run(name: str, config: EngineConfig, args: tuple, model_path: str, _scenario, _make) -> TimedRun:
+def _cached_run(name: str, config: EngineConfig, args: tuple, model_path: str, _scenario, _make):
     return _scenario(_make, _make.tokenizer, config, *args)

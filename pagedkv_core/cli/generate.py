@@ -26,7 +26,10 @@ from ..memory import parse_size
 from ..pool_plan import preflight
 from ..safe_io import check_writable, loads_json, read_text_capped
 from ..sampling import SamplingParams
+from ..trace_prompts import trace_requests
+from ..workloads import MAX_REQUESTS, read_trace_rows
 from .flags import add_engine_args, config_from_args, engine_settings
+from .parsing import trace_writer
 from .summary import summary_table
 
 POOL_DEFAULT = f"default: {DEFAULT_CPU_SLOTS} slots on the CPU, a profiled {DEFAULT_MEMORY_FRACTION:.0%} of the GPU on CUDA"
@@ -42,6 +45,9 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
     src.add_argument("--prompts-file", metavar="PATH", help='JSON list of strings or {"prompt", "max_tokens"} objects')
+    src.add_argument("--trace-file", metavar="CSV",
+                     help="replay a request trace's lengths (TIMESTAMP, ContextTokens, GeneratedTokens): prompts of "
+                          "real text of each row's scaled prompt length, answers of exactly its scaled answer length")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     s = p.add_argument_group("sampling")
     d = _SAMPLING  # the defaults are SamplingParams' own
@@ -49,6 +55,12 @@ def register(subparsers) -> None:
     s.add_argument("--temperature", type=float, default=d["temperature"], metavar="T", help=f"0 = greedy (default {d['temperature']:g})")
     s.add_argument("--top-p", type=float, default=d["top_p"], metavar="P", help=f"nucleus sampling mass (default {d['top_p']:g})")
     s.add_argument("--top-k", type=int, default=d["top_k"], metavar="K", help=f"keep the K most likely tokens (0 = off, default {d['top_k']})")
+    s.add_argument("--ignore-eos", action="store_true", help="keep writing past the end-of-sequence token, to max-tokens")
+    tr = p.add_argument_group("trace replay (--trace-file)")
+    tr.add_argument("--trace-start", type=int, default=0, metavar="ROW", help="rows to skip (default 0)")
+    tr.add_argument("--trace-count", type=int, default=16, metavar="N", help="requests to replay (default 16)")
+    tr.add_argument("--length-scale", type=float, default=0.125, metavar="F",
+                    help="scale the trace's lengths so the replay runs on a CPU (default 0.125)")
     s.add_argument("--n", type=int, default=d["n"], metavar="N", help=f"parallel samples per prompt (fork + copy-on-write, default {d['n']})")
     # The engine's --seed is the sampling seed here, and by default each request draws its own.
     add_engine_args(p, default_notes={
@@ -72,7 +84,7 @@ def register(subparsers) -> None:
 
 
 MAX_PROMPTS_FILE_BYTES = 16 << 20  # checked before reading
-MAX_PROMPTS = 100_000  # prompts per run
+MAX_PROMPTS = MAX_REQUESTS  # prompts per run: a workload's bound
 MAX_PROMPT_CHARS = 1 << 20  # characters per prompt (tokenized before the engine sees its length)
 
 
@@ -118,6 +130,7 @@ def _sampling(args, max_tokens: int | None) -> SamplingParams:
             top_p=args.top_p,
             seed=args.seed,
             n=args.n,
+            ignore_eos=args.ignore_eos,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -132,12 +145,24 @@ def _pool_sizing(args) -> dict:
         raise ConfigError(f"give the pool size one way only, got {' and '.join(f for f, _, _ in given)}")
     if not given:
         return {}
-    flag_name, key, value = given[0]
+    _flag, key, value = given[0]
     if key == "kv_budget_bytes":
         value = parse_bytes(value)
     elif key == "pool_blocks" and value < 1:
         raise ConfigError(f"--pool-blocks must be >= 1, got {value}")
     return {key: value}
+
+
+def _trace_rows(args) -> list:
+    """The trace rows to replay, checked before the model loads."""
+    if not 0 < args.length_scale <= 1:
+        raise ConfigError(f"--length-scale must be in (0, 1], got {args.length_scale}")
+    if args.trace_count < 1:
+        raise ConfigError(f"--trace-count must be >= 1, got {args.trace_count}")
+    rows = read_trace_rows(args.trace_file, args.trace_start, args.trace_count)
+    if not rows:
+        raise ConfigError(f"{args.trace_file}: no rows after row {args.trace_start}")
+    return rows
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -152,23 +177,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model = dict(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads)
     try:
         preflight(**model, **engine_settings(args), **sizing)
-        items = [(p, None) for p in args.prompt] if args.prompt is not None else load_prompts(args.prompts_file)
-        params = [_sampling(args, mt) for _, mt in items]
+        if args.trace_file is not None:
+            rows = _trace_rows(args)
+            items = params = None
+        else:
+            items = [(p, None) for p in args.prompt] if args.prompt is not None else load_prompts(args.prompts_file)
+            params = [_sampling(args, mt) for _, mt in items]
         from ..llm import LLM  # torch and the weights, only now
 
-        quiet = args.json or not sys.stderr.isatty()
-        llm = LLM(**model, progress=(lambda f, m: None) if quiet else None, **engine_settings(args), **sizing)
+        llm = LLM(**model, quiet=args.json or not sys.stderr.isatty(), **engine_settings(args), **sizing)
+        if args.trace_file is not None:  # the tokenizer builds prompts of the trace's exact lengths
+            replay = trace_requests(rows, llm.tokenizer, args.length_scale, seed=args.seed or 0,
+                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, n=args.n)
+            items = [(ids, None) for ids, _ in replay]
+            params = [sp for _, sp in replay]
+            args.chat = False  # the replay's prompts carry the chat template already
     except ModelLoadError as exc:
         raise ConfigError(str(exc)) from None
-    writer = None
-    engine = None
+    writer = engine = None
     if args.trace_out:
-        from ..trace import TraceWriter
-
-        try:
-            writer = TraceWriter(args.trace_out, {"model": llm.loaded.name, "prompts": [p for p, _ in items]})
-        except OSError as exc:
-            raise ConfigError(f"cannot write trace {args.trace_out!r}: {exc.strerror}") from None
+        writer = trace_writer(args.trace_out, {"model": llm.loaded.name, "prompts": [p for p, _ in items]})
         engine = llm.new_engine(recording=writer)
     try:
         outputs = llm.generate([p for p, _ in items], params, chat=args.chat, engine=engine,

@@ -40,3 +40,14 @@ def run_command(command: Callable[[], int | None]) -> int:
     except BrokenPipeError:  # the reader went away (`... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def trace_writer(path: str, header: dict):
+    """A :class:`~pagedkv_core.trace.TraceWriter` streaming a run into ``path`` (``--trace-out``:
+    only the last step stays in memory); a file that cannot be created is one line."""
+    from ..trace import TraceWriter
+
+    try:
+        return TraceWriter(path, header)
+    except OSError as exc:
+        raise ConfigError(f"cannot write trace {path!r}: {exc.strerror}") from None

@@ -2,10 +2,15 @@
 
     python -m pagedkv_core simulate --workload explainer40 --allocator contiguous --json
     python -m pagedkv_core simulate --workload-file requests.json --trace-out run.jsonl
+    python -m pagedkv_core simulate --workload-file trace.csv --trace-start 500 --trace-count 200 \
+        --allocator contiguous --contiguous-policy pow2 --json
 
-Prints the run summary as a table (or one JSON object with ``--json``); ``--trace-out`` streams
-every step into a trace (JSON lines) for the app's trace viewer and ``replay``. Every flag is
-checked before the workload is built, and the workload before the run.
+Prints the run summary as a table (or one JSON object with ``--json``), with the memory-waste
+breakdown of the vLLM paper's Figure 2 (``waste_breakdown``: token, reservation, internal,
+external, free, shares of the pool averaged over the steps in which anything is allocated, and
+``token_share`` = token / (pool - free)); ``--trace-out`` streams every step into a trace for
+the app's trace viewer and ``replay``. Every flag is checked before the workload is built, and
+the workload before the run.
 """
 from __future__ import annotations
 
@@ -16,10 +21,15 @@ from ..config import ConfigError, setting_spec
 from ..engine import Engine
 from ..scripted import ScriptedSource
 from ..safe_io import check_writable
-from ..trace import TraceWriter
-from ..workloads import WORKLOADS, build_workload, load_workload_file
+from ..waste import CLASSES, WasteAccumulator, final_written
+from ..workloads import WORKLOADS, TraceOptions, build_workload, load_workload_file
 from .flags import add_engine_args, config_from_args
+from .parsing import trace_writer
 from .summary import summary_table
+
+
+TRACE_FLAGS = {"start": "trace_start", "count": "trace_count", "seconds_per_step": "seconds_per_step", "rate": "rate",
+               "max_tokens": "max_tokens", "max_context": "max_context", "length_scale": "length_scale"}
 
 
 def register(subparsers) -> None:
@@ -30,7 +40,20 @@ def register(subparsers) -> None:
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="NAME", help=f"built-in workload: {', '.join(WORKLOADS)}")
-    src.add_argument("--workload-file", metavar="PATH", help="JSON list of requests")
+    src.add_argument("--workload-file", metavar="PATH",
+                     help="JSON list of requests, or a request trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)")
+    t = p.add_argument_group("request traces (--workload-file *.csv)")
+    defaults = TraceOptions()
+    t.add_argument("--trace-start", type=int, metavar="ROW", help="rows to skip (default 0)")
+    t.add_argument("--trace-count", type=int, metavar="N", help="requests to take (default: the rest)")
+    t.add_argument("--seconds-per-step", type=float, metavar="S",
+                   help=f"trace seconds one engine step stands for (default {defaults.seconds_per_step:g})")
+    t.add_argument("--rate", type=float, metavar="X", help="arrival rate multiplier (default 1)")
+    t.add_argument("--max-tokens", metavar="context|answer|N",
+                   help="what a request may write, i.e. what Orca (Max) reserves beyond the prompt: up to the "
+                        f"max context (default, {defaults.max_context:,} tokens), the answer's own length, or a fixed cap N")
+    t.add_argument("--max-context", type=int, metavar="N", help=f"the model's context (default {defaults.max_context:,})")
+    t.add_argument("--length-scale", type=float, metavar="F", help="scale every length, e.g. 0.125 (default 1)")
     pool = setting_spec("pool_slots").default
     add_engine_args(p, default_notes={"pool_slots": f"default: the workload's pool size, else {pool}"})
     p.add_argument("--trace-out", metavar="PATH", help="write every step's snapshot as JSON lines")
@@ -44,23 +67,31 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     config_from_args(args, pool_slots=setting_spec("pool_slots").default)
     if args.trace_out:
         check_writable(args.trace_out, "trace")
+    options = {name: getattr(args, flag) for name, flag in TRACE_FLAGS.items() if getattr(args, flag) is not None}
     if args.workload is not None:
+        if options:
+            raise ConfigError(f"--{TRACE_FLAGS[sorted(options)[0]].replace('_', '-')} applies only to --workload-file *.csv")
         workload = build_workload(args.workload, args.seed)
     else:
-        workload = load_workload_file(args.workload_file, args.seed)
+        workload = load_workload_file(args.workload_file, args.seed, **options)
     config = config_from_args(args, pool_slots=workload.pool_slots)
-    writer = _trace_writer(args.trace_out, workload.name) if args.trace_out else None
+    writer = trace_writer(args.trace_out, {"workload": workload.name}) if args.trace_out else None
     try:
         engine = Engine(config, ScriptedSource(), recording=writer)
         workload.submit(engine)
         if writer is not None:
             writer.set_header(engine.trace_header())
+        waste = WasteAccumulator()
         while engine.has_unfinished():  # the trace writer records each step: no snapshot copies
             engine.step(snapshot=False)
+            waste.add_engine(engine)
     finally:
         if writer is not None:
             writer.close()
     out = engine.summary().to_json()
+    breakdown = waste.breakdown(final_written(engine))
+    out["waste_breakdown"] = {k: breakdown[k] for k in CLASSES}
+    out["token_share"] = breakdown["token_share"]
     out["workload"] = workload.name
     out["seed"] = args.seed
     if args.json:
@@ -68,14 +99,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         print(format_summary(out))
     return 0
-
-
-def _trace_writer(path: str, workload: str) -> TraceWriter:
-    """A trace streamed as the run goes (only the last step is held in memory)."""
-    try:
-        return TraceWriter(path, {"workload": workload})
-    except OSError as exc:
-        raise ConfigError(f"cannot write trace {path!r}: {exc.strerror}") from None
 
 
 def format_summary(s: dict) -> str:
@@ -90,5 +113,7 @@ def format_summary(s: dict) -> str:
         "token utilization (mean)",
         "preemptions",
         "prefix-cache hit rate",
+        ("memory (paper's Figure 2)", ", ".join(f"{k} {v:.1%}" for k, v in s["waste_breakdown"].items())
+         + f"; token share {s['token_share']:.1%}"),
     ])
     return "\n".join([table] + [f"rejected {r['id']}: {r['reason']}" for r in s["rejected"]])

@@ -2,7 +2,7 @@
 
 The weights are pulled out of the transformers model (loaded by :mod:`pagedkv_core.model.loader`)
 into plain tensors: the Q, K and V projections fused into one matrix, the gate and up projections
-fused into another (on the CPU in fp32 each matrix is pre-packed for oneDNN once, see
+fused into another (on the CPU in fp32 and bf16 each matrix is pre-packed for oneDNN once, see
 :class:`Linear`). One forward runs every token of a step at once:
 
     tokens [T] -> embedding -> 30 x (RMSNorm -> fused QKV -> rotary -> write K/V through the slot
@@ -18,8 +18,15 @@ the runner; prefill tokens come first in the flattened batch, decode tokens afte
   moment before), and every chunk of the step runs in one padded ``scaled_dot_product_attention``
   call with a causal mask shifted by the chunk's start position. A lone chunk without a prefix
   skips the gather (plain causal attention over its fresh K/V).
-* decode (one new token per sequence): ``kernels.paged_attention_decode`` over the block tables
-  and context lengths of all decoding sequences at once (Triton on CUDA, PyTorch reference on CPU).
+* decode (one new token per sequence): one paged decode attention over the block tables and
+  context lengths of all decoding sequences at once (Triton on CUDA, PyTorch reference on CPU).
+
+Everything the layers share is prepared once per step, not once per layer: the rotary rows of the
+step's positions, the slot-mapping scatter and the decode attention's gather indices and padding
+mask (``kernels.cache_writer`` and ``kernels.decode_attention`` validate and build them in the
+first layer and reuse them in the other 29). A decode step of 32 sequences on one CPU core spends
+about two thirds of its time in the matmuls in fp32 and half in bf16; the rest is attention over
+the gathered context and some 40 small elementwise ops per layer (see ``bench roofline``).
 """
 from __future__ import annotations
 
@@ -276,8 +283,11 @@ class LlamaModel:
         sample_rows: torch.Tensor,
     ) -> torch.Tensor:
         """Run the decoder over ``input_ids [T]`` at ``positions [T]``, writing K/V into the
-        per-layer pools (flat ``[num_slots, kv_heads, head_dim]``), and return the float32
-        logits ``[len(sample_rows), vocab]`` of the rows in ``sample_rows``."""
+        per-layer pools (flat ``[num_slots, kv_heads, head_dim]``), and return the logits
+        ``[len(sample_rows), vocab]`` of the rows in ``sample_rows`` (increasing, distinct row
+        indices; all ``T`` of them means every row, taken without a copy), in the model's dtype:
+        bf16 and fp16 widen to fp32 exactly, so the sampler converts only the rows it draws from
+        (a greedy pick is the same on either) instead of the whole [rows, vocab] block."""
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         T = input_ids.shape[0]
         P = meta.num_prefill_tokens
@@ -305,14 +315,16 @@ class LlamaModel:
             v = qkv[:, q_size + kv_size :].view(T, Hkv, D)
             write_kv(k, v, k_cache, v_cache)
 
-            attn = torch.empty((T, H, D), device=h.device, dtype=h.dtype)
-            if P:
+            if dbs != bs:
+                k_cache, v_cache = k_flat.view(-1, dbs, Hkv, D), v_flat.view(-1, dbs, Hkv, D)
+            if attend is not None and not P:  # decode only: the attention's own output, no copy
+                attn = attend(q, k_cache, v_cache, self.scale)
+            else:
+                attn = torch.empty((T, H, D), device=h.device, dtype=h.dtype)
                 attn[:P] = self._prefill_attention(q[:P], k[:P], v[:P], k_flat, v_flat, meta)
-            if attend is not None:
-                if dbs != bs:
-                    k_cache, v_cache = k_flat.view(-1, dbs, Hkv, D), v_flat.view(-1, dbs, Hkv, D)
-                attend(q[P:], k_cache, v_cache, self.scale, attn[P:])
-            h = lw.o.add(attn.view(T, H * D), h)
+                if attend is not None:
+                    attend(q[P:], k_cache, v_cache, self.scale, attn[P:])
+            h = lw.o.add(attn.reshape(T, H * D), h)
 
             x = self._rms_norm(h, lw.post_norm)
             gu = lw.gate_up(x)
@@ -322,7 +334,7 @@ class LlamaModel:
         if sample_rows.shape[0] != T:  # (the decode-only step samples every row: no copy)
             h = h.index_select(0, sample_rows)
         h = self._rms_norm(h, self.final_norm)
-        return self.lm_head(h).float()
+        return self.lm_head(h)
 
     def _prefill_attention(self, q, k, v, k_flat, v_flat, meta: AttentionMetadata) -> torch.Tensor:
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim

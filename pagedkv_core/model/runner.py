@@ -83,11 +83,14 @@ def available_cores() -> int:
 
 
 def session_threads(expected_sessions: int = 1, cores: int | None = None) -> int:
-    """Torch threads for one engine when ``expected_sessions`` engines share the machine: the
-    cores split evenly, at least one each. More threads than cores per session oversubscribes
-    the machine (threads preempt each other mid-GEMM and every session slows down far more than
-    the split would), so a shared server should give each session this, not torch's default of
-    every core."""
+    """Torch threads for one engine when ``expected_sessions`` engines step at the same time: the
+    cores split evenly, at least one each (pass it as ``ModelRunner(threads=...)``).
+
+    torch's default is every core, and the count is not shared: each Python thread that runs a
+    forward (a Streamlit session, say) gets its own OpenMP team of that many threads, so k
+    sessions stepping at once run k x threads. Beyond one thread per core the teams preempt each
+    other in the middle of GEMMs and wait at their barriers, and every session slows down far
+    more than an even split of the cores would."""
     if (isinstance(expected_sessions, bool) or not isinstance(expected_sessions, numbers.Integral)
             or expected_sessions < 1):
         raise ValueError(f"expected_sessions must be a positive integer, got {expected_sessions!r}")
@@ -374,4 +377,4 @@ class ModelRunner:
         with torch.inference_mode():
             self._block_ops(batch)
             logits, works = self._forward(batch)
-        return {s.seq_id: logits[row].clone() for s, row in works}
+        return {s.seq_id: logits[row].to(torch.float32, copy=True) for s, row in works}

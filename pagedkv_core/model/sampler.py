@@ -73,7 +73,9 @@ def greedy_tokens(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, draws: list[Draw]) -> list[int]:
-    """Tokens for ``draws`` from the float32 ``logits [rows, vocab]``, in order."""
+    """Tokens for ``draws`` from ``logits [rows, vocab]`` (float32, or the model's bf16 / fp16,
+    which widen to float32 exactly: greedy rows are picked as they are, the rows of random draws
+    are converted), in order."""
     if not draws:
         return []
     out: list[int | None] = [None] * len(draws)

@@ -15,8 +15,9 @@ from pagedkv_core.events import ADMIT
 from pagedkv_core.kv_math import KVShape, dtype_bytes, format_bytes
 from pagedkv_core.scripted import ScriptedSource
 from pagedkv_core.workloads import Workload, WorkloadRequest, parse_workload
-from ui import settings
+from ui import export, presenter, settings
 from ui.guide import GuideStep
+from ui.predict import Prediction, range_options
 from ui.lesson_figures import lines
 from ui.models import loaded_model, model_kv_shape
 from ui.runs import MAX_SCRIPTED_STEPS, current_workload, settings_config
@@ -88,36 +89,57 @@ def sweep(config: EngineConfig, workload: Workload, seed: int) -> list[SweepPoin
     return points
 
 
-def sweep_charts(points: list[SweepPoint], highlight: int, workload_name: str) -> None:
+SWEEP_CHARTS = ("util", "waste", "entries", "prefix")
+
+
+def sweep_figure(points: list[SweepPoint], name: str, highlight: int, workload_name: str):
+    """One chart of the sweep: ``util``, ``waste``, ``entries`` or ``prefix``."""
     xs = [p.block_size for p in points]
-    c = st.columns(2)
-    with c[0]:
-        fig = lines(xs, {"token utilization": [p.utilization for p in points]},
-                    f"Token utilization ({workload_name}): filled / allocated slots", "block size (token slots per block)",
-                    "utilization", colors={"token utilization": "#1d4ed8"}, percent=True, current_x=highlight, log_x=True)
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_util", config={"displayModeBar": False})
-    with c[1]:
+    axis = "block size (token slots per block)"
+    if name == "util":
+        return lines(xs, {"token utilization": [p.utilization for p in points]},
+                     f"Token utilization ({workload_name}): filled / allocated slots", axis,
+                     "utilization", colors={"token utilization": "#1d4ed8"}, percent=True, current_x=highlight, log_x=True)
+    if name == "waste":
         half = "about half a block: (B − 1) / 2"
-        fig = lines(xs, {"measured": [p.waste_per_seq for p in points], half: [(b - 1) / 2 for b in xs]},
-                    "Waste per sequence: allocated but empty slots", "block size (token slots per block)",
-                    "empty slots per sequence", colors={"measured": "#c2410c", half: "#6b7280"},
-                    dash={half: "dash"}, current_x=highlight, log_x=True)
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_waste", config={"displayModeBar": False})
-    c = st.columns(2)
-    with c[0]:
-        fig = lines(xs, {"block-table entries": [p.entries_per_seq for p in points]},
-                    "Block-table entries per sequence (mean)", "block size (token slots per block)", "entries",
-                    colors={"block-table entries": "#0f766e"}, current_x=highlight, log_x=True)
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_entries", config={"displayModeBar": False})
-    with c[1]:
+        return lines(xs, {"measured": [p.waste_per_seq for p in points], half: [(b - 1) / 2 for b in xs]},
+                     "Waste per sequence: allocated but empty slots", axis, "empty slots per sequence",
+                     colors={"measured": "#c2410c", half: "#6b7280"}, dash={half: "dash"}, current_x=highlight, log_x=True)
+    if name == "entries":
+        return lines(xs, {"block-table entries": [p.entries_per_seq for p in points]},
+                     "Block-table entries per sequence (mean)", axis, "entries",
+                     colors={"block-table entries": "#0f766e"}, current_x=highlight, log_x=True)
+    if name == "prefix":
         fig = lines(xs, {"reused from the cache": [p.reused_preamble for p in points]},
-                    f"Prefix sharing: of a {PREAMBLE_TOKENS}-token shared preamble, tokens reused",
-                    "block size (token slots per block)", "tokens per request",
-                    colors={"reused from the cache": "#7c3aed"},
+                    f"Prefix sharing: of a {PREAMBLE_TOKENS}-token shared preamble, tokens reused", axis,
+                    "tokens per request", colors={"reused from the cache": "#7c3aed"},
                     hline=(PREAMBLE_TOKENS, f"the whole preamble: {PREAMBLE_TOKENS} tokens"), current_x=highlight,
                     log_x=True, point_labels={"reused from the cache": lambda v: f"{v:.0f}"})
         fig.update_yaxes(range=[0, PREAMBLE_TOKENS * 1.15])
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_prefix", config={"displayModeBar": False})
+        return fig
+    raise ValueError(f"unknown sweep chart {name!r}: one of {', '.join(SWEEP_CHARTS)}")
+
+
+def conceal(fig, what: str = "Answer the prediction above to see this chart."):
+    """The chart's frame (axes, the highlighted block size) without its data: a prediction is open."""
+    for trace in fig.data:
+        trace.visible = False
+    fig.update_layout(showlegend=False)
+    fig.add_annotation(text=what, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=14, color="#6b7280"))
+    return fig
+
+
+def sweep_charts(points: list[SweepPoint], highlight: int, workload_name: str, hidden=()) -> None:
+    """The four charts (``hidden``: names of charts drawn without their data) and the table."""
+    for row in (SWEEP_CHARTS[:2], SWEEP_CHARTS[2:]):
+        for col, name in zip(st.columns(2), row):
+            fig = sweep_figure(points, name, highlight, workload_name)
+            if name in hidden:
+                conceal(fig)
+            col.plotly_chart(fig, width="stretch", key=f"{KEY}_{name}", config=export.png_config(f"{KEY}-{name}"))
+    if hidden:
+        return  # the table would give the answer away
     rows = [{"block size": p.block_size, "token utilization": f"{p.utilization:.1%}",
              "empty slots per sequence": f"{p.waste_per_seq:.1f}", "(B − 1) / 2": (p.block_size - 1) / 2,
              "block-table entries per sequence": f"{p.entries_per_seq:.1f}",
@@ -177,8 +199,10 @@ def load_preset(p: Preset) -> None:
         st.session_state[f"{KEY}_{f}"] = getattr(p, f)
 
 
-def calculator(all_presets: dict[str, Preset], block_size: int, fixed: Preset | None = None) -> None:
-    """Inputs (or a fixed preset in guide mode) and the arithmetic, with the numbers filled in."""
+def calculator(all_presets: dict[str, Preset], block_size: int, fixed: Preset | None = None, *,
+               compact: bool = False) -> None:
+    """Inputs (or a fixed preset in guide mode) and the arithmetic, with the numbers filled in;
+    ``compact`` (a slide): the numbers without the table of formulas."""
     if fixed is not None:
         v = {f: getattr(fixed, f) for f in FIELDS}
         st.markdown(f"**{fixed.name}** ({fixed.note})")
@@ -231,8 +255,18 @@ def calculator(all_presets: dict[str, Preset], block_size: int, fixed: Preset | 
     c[2].metric("KV blocks in the pool", f"{blocks:,}")
     c[3].metric("tokens in the pool", f"{blocks * block_size:,}")
     c[4].metric("sequences at once", f"{concurrency:,}", help=f"blocks / ⌈{v['avg_len']} / {block_size}⌉ blocks per sequence")
-    st.markdown(
-        f"""
+    preset = fixed.name if fixed is not None else st.session_state.get(f"{KEY}_preset", "the calculator")
+    st.button(f"Use this pool in the sidebar ({settings.rounded_pool(blocks * block_size, int(settings.current('block_size'))):,} slots)",
+              key=f"{KEY}_use_pool", on_click=settings.use_pool, args=(blocks * block_size, f"{preset} in the calculator"),
+              help="Sets the sidebar's pool size to this pool, rounded down to whole blocks of the sidebar's block size "
+                   "(and within the sidebar's largest pool), so every page runs on it.")
+    if compact:
+        st.markdown(f"2 (K and V) × {v['layers']} layers × {v['kv_heads']} KV heads × {v['head_dim']} × {eb} B = "
+                    f"**{per_token:,} B per token**; {format_bytes(kv_bytes)} left for KV after the weights and the "
+                    f"workspace hold **{blocks:,} blocks of {block_size}**.")
+    else:
+        st.markdown(
+            f"""
 | quantity | formula | here |
 | --- | --- | --- |
 | bytes per token | 2 (K and V) × layers × KV heads × head dim × bytes per element | 2 × {v['layers']} × {v['kv_heads']} × {v['head_dim']} × {eb} = **{per_token:,} B** ({format_bytes(per_token)}) |
@@ -242,7 +276,7 @@ def calculator(all_presets: dict[str, Preset], block_size: int, fixed: Preset | 
 | blocks | memory for KV / bytes per block | **{blocks:,}** blocks = {blocks * block_size:,} token slots |
 | concurrency | blocks / average blocks per sequence | {blocks:,} / ⌈{v['avg_len']} / {block_size}⌉ = {blocks:,} / {per_seq:,} = **{concurrency:,}** sequences |
 """
-    )
+        )
     ratio = v["heads"] // v["kv_heads"] if v["kv_heads"] else 1
     if ratio > 1:
         mha = per_token * v["heads"] // v["kv_heads"]
@@ -278,37 +312,78 @@ def sweep_settings(guided: bool) -> tuple[EngineConfig, Workload, int]:
 
 
 # ---------------------------------------------------------------------------- guide
+UTILIZATION_RANGES = [("under 40%", 0.4), ("40% to 60%", 0.6), ("60% to 80%", 0.8), ("over 80%", float("inf"))]
+
+
 def guide_steps(points: list[SweepPoint], all_presets: dict[str, Preset]) -> list[GuideStep]:
-    """The walkthrough: block sizes read off the sweep, then the calculator on two presets."""
+    """The walkthrough: block sizes read off the sweep, then the calculator on two presets. ``show``:
+    the block size to highlight, the preset, the charts drawn without data while a prediction is
+    open (``hide``) and the slide's figure (``figure``: a sweep chart or ``calc``)."""
     by_size = {p.block_size: p for p in points}
     p1, p16, p128 = by_size[1], by_size[16], by_size[128]
     p64 = by_size[64]
     l70 = next(p for p in STATIC_PRESETS if p.name == "Llama 3 70B")
     sm = next(iter(all_presets.values()))
+    l70_kib = KVShape("l70", l70.layers, l70.kv_heads, l70.head_dim, l70.heads).bytes_per_token(l70.dtype) / 1024
     return [
         GuideStep("Blocks of 16", f"40 short chat turns at once. With blocks of 16 (vLLM's default), {p16.utilization:.0%} "
                   "of the allocated slots hold a token: the rest is the unfilled end of each sequence's last block.",
-                  {"block_size": 16, "preset": sm.name}),
+                  {"block_size": 16, "preset": sm.name, "figure": "util"}),
         GuideStep("Blocks of 1", f"Blocks of 1 waste nothing ({p1.utilization:.0%} utilization), but every token is a "
                   f"block-table entry: {p1.entries_per_seq:.0f} entries per sequence, and attention gathers K/V one slot "
-                  "at a time.", {"block_size": 1, "preset": sm.name}),
-        GuideStep("Blocks of 128", f"Blocks of 128: utilization falls to {p128.utilization:.0%}. A short request fills a "
-                  "fraction of its only block; the rest of the block is reserved for it and useless to anyone else.",
-                  {"block_size": 128, "preset": sm.name}),
+                  "at a time.", {"block_size": 1, "preset": sm.name, "figure": "entries"}),
+        GuideStep("Blocks of 128", "Now blocks of 128. These chat turns are short: prompts of 12-40 tokens and answers "
+                  "of 4-40, so most sequences hold fewer than 128 tokens.",
+                  {"block_size": 128, "preset": sm.name, "figure": "util", "hide": ("util",)},
+                  predict=Prediction(
+                      "bsize_utilization_128", "Predict: with blocks of 128, what share of the allocated slots will "
+                      "hold a token?", why=f"A short request fills a fraction of its only block and the rest of the "
+                      f"block is reserved for it, useless to anyone else: {p128.utilization:.0%} at 128, against "
+                      f"{p16.utilization:.0%} at 16.", **range_options(p128.utilization, UTILIZATION_RANGES)),
+                  reveal={"hide": ()}),
         GuideStep("About half a block", f"Measured waste per sequence follows the dashed line (B − 1) / 2 while blocks "
                   f"are small next to the sequences: a last block is on average half full ({p16.waste_per_seq:.1f} empty slots "
                   f"at 16). At 128 it is {p128.waste_per_seq:.0f}, more than half a block: these short requests do not fill "
-                  "even one.", {"block_size": 128, "preset": sm.name}),
-        GuideStep("Sharing in whole blocks", f"A {PREAMBLE_TOKENS}-token shared preamble is reused only in whole blocks: "
-                  f"{p16.reused_preamble:.0f} tokens at 16, {p64.reused_preamble:.0f} at 64, {p128.reused_preamble:.0f} at "
-                  "128. The rest is computed again by every request.", {"block_size": 64, "preset": sm.name}),
+                  "even one.", {"block_size": 128, "preset": sm.name, "figure": "waste"}),
+        GuideStep("Sharing in whole blocks", f"Five requests share a {PREAMBLE_TOKENS}-token preamble, each followed by "
+                  "its own question. The prefix cache finds a block by the hash of its tokens and of everything before "
+                  "it.", {"block_size": 64, "preset": sm.name, "figure": "prefix", "hide": ("prefix",)},
+                  predict=Prediction(
+                      "bsize_prefix_64", f"Predict: with blocks of 64, how many of the {PREAMBLE_TOKENS} preamble tokens "
+                      "will a later request take from the cache?", round(p64.reused_preamble),
+                      f"Only whole blocks are shared: ⌊{PREAMBLE_TOKENS} / 64⌋ = {PREAMBLE_TOKENS // 64} full blocks = "
+                      f"{round(p64.reused_preamble)} tokens; the last {PREAMBLE_TOKENS - round(p64.reused_preamble)} "
+                      f"share a block with the question and are computed again (at 16: {p16.reused_preamble:.0f}, at "
+                      f"128: {p128.reused_preamble:.0f}).", unit="tokens"),
+                  reveal={"hide": ()}),
         GuideStep("Sizing a pool", f"The calculator: {sm.name.split(' (')[0]}'s own config gives the bytes per token; the "
                   "pool gets what the memory budget leaves after the weights and the activation workspace.",
-                  {"block_size": 16, "preset": sm.name}),
-        GuideStep("Llama 3 70B", f"Llama 3 70B: 2 × 80 layers × 8 KV heads × 128 × 2 B = 320 KiB per token slot in fp16. "
-                  f"On two 80 GiB GPUs the weights take most of the memory; what is left holds the blocks below.",
-                  {"block_size": 16, "preset": l70.name}),
+                  {"block_size": 16, "preset": sm.name, "figure": "calc"}),
+        GuideStep("Llama 3 70B", f"Llama 3 70B has {l70.layers} layers and {l70.kv_heads} KV heads of dimension "
+                  f"{l70.head_dim}, stored in {l70.dtype} (2 bytes per element). Use the formula above.",
+                  {"block_size": 16, "preset": sm.name, "figure": "calc"},
+                  predict=Prediction(
+                      "bsize_l70_bytes", "Predict: how many KiB of KV cache does one token of Llama 3 70B take?",
+                      round(l70_kib, 1), f"2 (K and V) × {l70.layers} × {l70.kv_heads} × {l70.head_dim} × 2 B = "
+                      f"{l70_kib * 1024:,.0f} B = {l70_kib:g} KiB per token slot. On two 80 GiB GPUs the weights take most "
+                      "of the memory; what is left holds the blocks below.", tolerance=4, unit="KiB",
+                      source="Computed from its config"),
+                  reveal={"preset": l70.name}),
         GuideStep("Grouped-query attention", "Llama 3 70B has 64 query heads but only 8 KV heads. With a KV head per query "
                   "head every term would be 8× larger: 2.5 MiB per token, and 8× fewer sequences at once.",
-                  {"block_size": 16, "preset": l70.name}),
+                  {"block_size": 16, "preset": l70.name, "figure": "calc"}),
     ]
+
+
+def slide(points: list[SweepPoint], all_presets: dict[str, Preset], show: dict, workload_name: str) -> None:
+    """Presenter mode: the step's one chart of the sweep, or the calculator's numbers."""
+    which = show.get("figure", "util")
+    highlight = int(show["block_size"])
+    if which == "calc":
+        fixed = all_presets.get(show["preset"]) or next(iter(all_presets.values()))
+        calculator(all_presets, highlight, fixed=fixed, compact=True)
+        return
+    fig = sweep_figure(points, which, highlight, workload_name)
+    if which in show.get("hide", ()):
+        conceal(fig)
+    presenter.slide(fig, KEY)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import streamlit as st
 
 from pagedkv_core.config import ConfigError, EngineConfig
@@ -13,9 +12,10 @@ from pagedkv_core.prompts import CHAT_PROMPTS
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sequence import STATUS_NAMES
 from pagedkv_core.slot_state import SlotState
-from ui import player
-from ui.figures import LEGEND, pool_heatmap, slot_hover_text
+from ui import export, player, presenter
+from ui.figures import LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.guide import GuideStep
+from ui.predict import Prediction
 from ui.lesson_figures import block_table_arrows, most_advanced, short_text
 from ui.models import EngineFactory, chat_prompt, model_path
 from ui.runs import settings_config
@@ -72,6 +72,23 @@ class LiveView:
         fig = block_table_arrows(table, fills, bs, f"{rid}: block table at step {snap.step}", texts, refs)
         return fig, table, fills
 
+    def pool_figure(self, rec: TimedRun, snap):
+        cfg = rec.config
+        if snap is None:
+            n = cfg.pool_slots
+            return free_pool_heatmap(n, cfg.block_size, f"{n:,} KV slots: all free (nothing submitted yet)", height=440)[0]
+        return snapshot_heatmap(snap, rec.request_ids, f"{snap.num_slots:,} KV slots in blocks of {snap.block_size}, "
+                                f"at step {snap.step}", token_text=self.text_of, height=440)[0]
+
+    def slide(self, rec: TimedRun, show: dict) -> None:
+        """Presenter mode: the pool, or (``figure`` = ``table``) the selected request's block table."""
+        snap = rec.at(int(show["step"]))
+        drawn = self.block_arrows(rec, snap, show["select"]) if show.get("figure") == "table" else None
+        if drawn is not None:
+            presenter.slide(drawn[0], KEY)
+        else:
+            presenter.slide(self.pool_figure(rec, snap), KEY, LEGEND)
+
     def render(self, rec: TimedRun, step: int, selected: str | None) -> None:
         cfg = rec.config
         snap = rec.at(step) if rec.num_steps else None
@@ -87,16 +104,8 @@ class LiveView:
                         help="measured wall time of engine.step(): the model's forward pass and the bookkeeping")
         left, right = st.columns([3, 2])
         with left:
-            if snap is None:
-                n = cfg.pool_slots
-                fig = pool_heatmap(np.zeros(n, np.int8), np.full(n, -1, np.int32), ["free"] * n, cfg.block_size,
-                                   f"{n:,} KV slots: all free (nothing submitted yet)", height=440)
-            else:
-                hover = slot_hover_text(snap, rec.request_ids, self.text_of)
-                fig = pool_heatmap(snap.slot_state, snap.slot_owner, hover, snap.block_size,
-                                   f"{snap.num_slots:,} KV slots in blocks of {snap.block_size}, at step {snap.step}",
-                                   shared_mask=snap.slot_state == SlotState.SHARED, height=440)
-            st.plotly_chart(fig, width="stretch", key=f"{KEY}_heat", config={"displayModeBar": False})
+            fig = self.pool_figure(rec, snap)
+            st.plotly_chart(fig, width="stretch", key=f"{KEY}_heat", config=export.png_config(f"{KEY}-pool"))
             st.caption(LEGEND)
         with right:
             if snap is None or selected is None:
@@ -129,7 +138,7 @@ class LiveView:
             st.markdown(f"**{selected}** holds no blocks at step {snap.step} ({status_of(rec, snap, selected, step)}).")
             return
         fig, table, fills = drawn
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_arrows", config={"displayModeBar": False})
+        st.plotly_chart(fig, width="stretch", key=f"{KEY}_arrows", config=export.png_config(f"{KEY}-block-table"))
         tokens = int(sum(fills))
         bs = snap.block_size
         st.caption(f"{selected} holds {tokens} tokens in {len(table)} blocks of {bs}: "
@@ -140,7 +149,17 @@ class LiveView:
 
 
 # ---------------------------------------------------------------------------- guide
+def last_block_fill(snap, request_index: int) -> tuple[list[int], list[int]]:
+    """(block table, fill of each block) of the request's first sample in ``snap`` (empty when it holds none)."""
+    rows = [i for i in range(len(snap.seq_id)) if int(snap.seq_request[i]) == request_index]
+    if not rows:
+        return [], []
+    table = snap.block_table(int(snap.seq_id[rows[0]]))
+    return table, [int(snap.block_fill[b]) for b in table]
+
+
 def guide_steps(rec: TimedRun) -> list[GuideStep]:
+    """The walkthrough over the fixed run; every step number and every answer is read off the run."""
     ids = rec.request_ids
     first = ids[0]
     p0 = len(rec.requests[first].prompt_ids)
@@ -153,32 +172,69 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
     total_tokens = rec.at(last).metrics.tokens_generated
     total_s = sum(rec.wall_s)
     grow = app_ev.request_id if app_ev else first
+    fin = fin_ev.request_id if fin_ev else first
     longest = max(ids, key=lambda r: len(rec.requests[r].prompt_ids))
-    return [
+    steps = [
         GuideStep("Three prompts arrive", f"Three chat prompts arrive together and are prefilled in one step. {first}'s "
                   f"prompt is {p0} tokens (the chat template adds a system line), so it takes ⌈{p0} / {bs}⌉ = "
                   f"{math.ceil(p0 / bs)} blocks and its last block holds {p0 - (math.ceil(p0 / bs) - 1) * bs} of {bs}. "
-                  "The first token of each answer comes out of the same step.", {"step": 0, "select": first}),
+                  "The first token of each answer comes out of the same step.",
+                  {"step": 0, "select": first, "figure": "table"}),
         GuideStep("What a cell holds", "Every cell of the heatmap is one token slot: the K and V vectors of one token in all "
                   "30 layers. Hover a coloured cell to read its token. The orange cells at the end of each request are "
                   "allocated but still empty: that is the only waste paging leaves, less than one block per request.",
                   {"step": 0, "select": ids[1]}),
-        GuideStep("Decoding", "From now on every step adds one token to every running request: the answers below grow "
+    ]
+    if app_ev is not None:
+        _, fills0 = last_block_fill(rec.at(0), ids.index(grow))
+        f0 = fills0[-1] if fills0 else 0
+        steps.append(GuideStep(
+            "When is the block full?", f"Look at {grow}'s block table after step 0: its last block (yellow) holds {f0} "
+            f"of {bs} slots. From now on every step writes one more token of each answer into the pool.",
+            {"step": 0, "select": grow, "figure": "table"},
+            predict=Prediction(
+                "live_new_block", f"Predict: at which step will {grow} need a new block?", app_step,
+                f"After step 0 its last block held {f0} of {bs} slots; one token per step filled the other {bs - f0} by "
+                f"step {app_step - 1}, so at step {app_step} its next token needed a fresh block.", tolerance=1),
+            reveal={"step": app_step}))
+    steps += [
+        GuideStep("Decoding", "Every step adds one token to every running request: the answers below grow "
                   "token by token, and so does the filled part of each last block.", {"step": min(3, last), "select": first}),
         GuideStep("A new block", f"At step {app_step} {grow}'s last block was full, so the block manager appended a fresh "
                   f"one{' (physical block ' + str(app_ev.detail['blocks'][0]) + ')' if app_ev else ''}. Blocks are "
-                  "allocated one at a time, only when a token needs one.", {"step": app_step, "select": grow}),
+                  "allocated one at a time, only when a token needs one.",
+                  {"step": app_step, "select": grow, "figure": "table"}),
         GuideStep("Logical to physical", f"{longest}'s block table maps its logical blocks 0, 1, 2, … (positions in the "
                   "sequence) to physical blocks in the pool. They need not be neighbours: attention reads the K/V "
-                  "through this table, so any free block will do.", {"step": app_step, "select": longest}),
-        GuideStep("A request finishes", f"At step {fin_step} {fin_ev.request_id if fin_ev else first} finished "
+                  "through this table, so any free block will do.",
+                  {"step": app_step, "select": longest, "figure": "table"}),
+    ]
+    if fin_ev is not None and fin_step >= 1:
+        table, fills = last_block_fill(rec.at(fin_step - 1), ids.index(fin))
+        after = rec.at(fin_step)
+        cached_blocks = sum(1 for b in table if int(after.block_state[b]) == SlotState.CACHED)
+        partial = [f for f in fills if f < bs]
+        steps.append(GuideStep(
+            "Before the finish", f"{fin} is about to finish: it holds {len(table)} blocks (its block table on the right). "
+            "With prefix caching on, a block that is full has a hash, so a later request with the same tokens could "
+            "find it.", {"step": fin_step - 1, "select": fin, "figure": "table"},
+            predict=Prediction(
+                "live_cached_blocks", f"Predict: when {fin} finishes, how many of its {len(table)} blocks will stay in "
+                "the pool as cached blocks (pale blue)?", cached_blocks,
+                f"Only full blocks carry a hash: its {cached_blocks} full blocks stay cached, reusable until the pool "
+                "needs the room" + (f"; its last block, {partial[-1]}/{bs} full, is simply freed." if partial else "."),
+                unit="blocks"),
+            reveal={"step": fin_step}))
+    steps += [
+        GuideStep("A request finishes", f"At step {fin_step} {fin} finished "
                   f"({(fin_ev.detail['reason'] if fin_ev else 'length')}). Its blocks go back to the pool at once; the "
                   "full ones keep their hash and show pale blue: a later request with the same prefix can reuse them.",
-                  {"step": fin_step, "select": fin_ev.request_id if fin_ev else first}),
+                  {"step": fin_step, "select": fin}),
         GuideStep("Measured", f"All done after {last + 1} steps: {total_tokens} tokens generated in {total_s:.1f} s of "
                   f"measured engine time on this machine ({total_tokens / max(total_s, 1e-9):.1f} tokens/s, all three "
                   "requests batched together).", {"step": last, "select": ids[-1]}),
     ]
+    return steps
 
 
 # ---------------------------------------------------------------------------- explore
@@ -235,7 +291,7 @@ def explore(view: LiveView, make: EngineFactory) -> None:
                    help="Drop every request and start again with an empty pool."):
         st.session_state.pop(f"_{KEY}_rec", None)
         st.rerun()
-    player.controls(KEY, max(1, rec.num_steps), can_grow=not rec.done)
+    player.controls(KEY, max(1, rec.num_steps), can_grow=not rec.done, runs=[rec])
 
     @st.fragment(run_every=player.interval(KEY))
     def live_view() -> None:
@@ -247,7 +303,7 @@ def explore(view: LiveView, make: EngineFactory) -> None:
                     rec.step()
         n = max(1, rec.num_steps)
         step = player.tick(KEY, n, can_grow=bool(rec.requests) and not rec.done)
-        player.slider(KEY, n)
+        player.slider(KEY, n, runs=[rec] if rec.num_steps else None)
         for rid, reason in rec.rejected.items():
             if rec.requests[rid].arrival_step <= step:
                 st.error(f"{rid} was rejected: {reason}")
@@ -261,3 +317,5 @@ def explore(view: LiveView, make: EngineFactory) -> None:
         view.render(rec, step, selected)
 
     live_view()
+    if rec.num_steps:
+        export.download_animation([rec], KEY, "Live engine: the prompts submitted on this page", "live-engine")

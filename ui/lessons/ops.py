@@ -7,8 +7,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pagedkv_core.workloads import build_workload
-from ui import guide
+from ui import export, guide, presenter
 from ui.figures import series_color, step_curves
+from ui.predict import Prediction, range_options
 from ui.runs import Run, scripted_pair
 
 KEY = "ops"
@@ -20,8 +21,14 @@ def guided_runs() -> list[Run]:
     return scripted_pair(build_workload("burst", seed=0), pool_slots=2048, block_size=16)
 
 
+CONTIGUOUS_PREEMPTION_RANGES = [("none", 1), ("1 to 10", 11), ("more than 10", float("inf"))]
+PAGED_PREEMPTION_RANGES = [("1 to 5", 6), ("6 to 20", 21), ("21 to 50", 51), ("more than 50", float("inf"))]
+
+
 def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
-    """A walkthrough of the fixed burst run; every step number is read off the run itself."""
+    """A walkthrough of the fixed burst run; every step number and every answer is read off the run.
+    ``show``: the step (``step``), how far the curves are drawn (``upto``: the future stays hidden
+    while a prediction is open) and the slide's figure (``figure``)."""
     contig, paged = runs
     spike = paged.first(lambda s: s.metrics.num_waiting > 10)
     full = paged.first(lambda s: s.metrics.kv_usage > 0.9, start=spike)
@@ -31,72 +38,130 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
     worst = paged.at(max(range(paged.num_steps), key=lambda i: paged.at(i).metrics.step_preemptions)).step
     end = paged.num_steps - 1
     pm = paged.at(end).metrics
+    cm = contig.at(contig.num_steps - 1).metrics
+    pre_steps = [i for i in range(paged.num_steps) if paged.at(i).metrics.step_preemptions] or [preempt]
+    contig_why = ("The contiguous allocator reserves prompt + max_tokens when it admits a request, so a running "
+                  "sequence never needs memory it does not already hold" if cm.num_preemptions == 0 else
+                  "Even reservations of prompt + max_tokens ran out here")
     return [
         guide.GuideStep("A quiet start", (
             "Step 0: eight requests arrive. KV usage is low on the paged side and token utilization is high: "
-            "the memory that is allocated holds real tokens. This is what healthy looks like."), {"step": 0}),
+            "the memory that is allocated holds real tokens. This is what healthy looks like."),
+            {"step": 0, "figure": "kv"}),
         guide.GuideStep("The spike", (
             f"Step {spike}: 32 more requests arrive at once. The waiting queue jumps; the paged scheduler admits "
-            "as many as the free blocks (minus the watermark) allow."), {"step": spike}),
+            "as many as the free blocks (minus the watermark) allow. The charts stop at this step: the rest is to come."),
+            {"step": spike, "upto": spike, "figure": "kv"},
+            predict=Prediction(
+                "ops_contiguous_preemptions", "Predict: over the whole run, how many preemptions will the contiguous "
+                "side have?", why=f"{contig_why}: {cm.num_preemptions} preemptions, against {pm.num_preemptions} on "
+                "the paged side, which pays for its higher concurrency with evictions under a spike.",
+                **range_options(cm.num_preemptions, CONTIGUOUS_PREEMPTION_RANGES)),
+            reveal={"step": contig.num_steps - 1, "upto": None, "figure": "preempt"}),
         guide.GuideStep("The pool fills", (
             f"Step {full}: paged KV usage passes 90%. High usage is fine while it stays below the point where "
-            "running sequences can no longer grow."), {"step": full}),
+            "running sequences can no longer grow."), {"step": full, "figure": "kv"}),
         guide.GuideStep("First preemption", (
             f"Step {preempt}: a running sequence needs a new block and none is free, so the most recently admitted "
-            "one is preempted. One preemption under a spike is normal."), {"step": preempt}),
+            "running sequence (the tail of the running list) is preempted. One preemption under a spike is normal."),
+            {"step": preempt, "upto": preempt, "figure": "preempt"},
+            predict=Prediction(
+                "ops_paged_preemptions", "Predict: how many preemptions will the paged side have by the end of the run?",
+                why=f"{pm.num_preemptions} in all, in {len(pre_steps)} different steps from step {pre_steps[0]} to "
+                f"{pre_steps[-1]}: while the spike lasted, a running sequence kept needing a block when none was free, "
+                "and each time the most recently admitted one was evicted.",
+                **range_options(pm.num_preemptions, PAGED_PREEMPTION_RANGES)),
+            reveal={"step": end, "upto": None}),
         guide.GuideStep("Thrashing?", (
             f"Step {worst} has the most preemptions in one step ({paged.at(worst).metrics.step_preemptions}). A steady "
             f"stream of them is the bad pattern: the run ends with {pm.num_preemptions} preemptions in all, each one "
             "work lost (recompute) or moved (swap). The cure is a bigger pool, a higher watermark or fewer admissions."),
-            {"step": worst}),
+            {"step": worst, "figure": "preempt"}),
         guide.GuideStep("Blocks per sequence", (
             f"The histogram below shows how many blocks each live sequence holds at step {worst}: paged sequences "
-            "hold what their tokens need; every contiguous one holds a worst-case reservation."), {"step": worst}),
+            "hold what their tokens need; every contiguous one holds a worst-case reservation."),
+            {"step": worst, "figure": "hist"}),
         guide.GuideStep("Drained", (
             f"Step {end}: the paged side has finished all 40 requests; the contiguous side, which never preempts "
-            f"but runs few requests at once, needs until step {contig.num_steps - 1}."), {"step": end}),
+            f"but runs few requests at once, needs until step {contig.num_steps - 1}."), {"step": end, "figure": "kv"}),
     ]
+
+
+def slide(runs: list[Run], show: dict) -> None:
+    """Presenter mode: the step's one figure (KV usage, preemptions, or blocks per sequence)."""
+    n = max(r.num_steps for r in runs)
+    step, upto, which = int(show["step"]), show.get("upto"), show.get("figure", "kv")
+    if which == "preempt":
+        fig = preemption_chart(runs, n, step, upto)
+    elif which == "hist":
+        hists = [blocks_histogram(r, step) for r in runs]
+        fig = presenter.side_by_side([h for h in hists if h is not None],
+                                     [f"{r.allocator}: blocks (or reserved slots) per sequence" for r, h in zip(runs, hists)
+                                      if h is not None], f"Memory held per live sequence at step {step}", heatmaps=False)
+    else:
+        fig = kv_figure(runs, n, step, upto)
+    presenter.slide(fig, KEY)
+
+
+def _series(runs: list[Run], name: str, n: int, upto: int | None, *, empty_as_none: bool = False) -> dict[str, list]:
+    """Per run, one metric per step; after ``upto`` None (not drawn: the future of a guide step)."""
+    out = {}
+    for run in runs:
+        ys = run.metric(name, steps=n, empty_as_none=empty_as_none)
+        out[run.allocator] = ys if upto is None else ys[: upto + 1] + [None] * (n - upto - 1)
+    return out
+
+
+def kv_figure(runs: list[Run], n: int, marker: int | None, upto: int | None = None):
+    fig = step_curves(range(n), _series(runs, "kv_usage", n, upto), "KV cache usage (vLLM kv_cache_usage_perc)",
+                      "allocated / pool", current_step=marker)
+    fig.update_xaxes(range=[0, n - 1])
+    return fig
 
 
 def note(healthy: str, bad: str) -> None:
     st.caption(f"**Healthy:** {healthy} **Bad pattern:** {bad}")
 
 
-def dashboard(runs: list[Run], marker: int | None) -> None:
+def dashboard(runs: list[Run], marker: int | None, upto: int | None = None) -> None:
     """The four signals over the run and the blocks-per-sequence histogram; ``marker``: the guide's
-    step (a dotted line and the histogram's step), None to let a slider pick the histogram's step."""
+    step (a dotted line and the histogram's step), None to let a slider pick the histogram's step;
+    ``upto``: draw the curves only up to that step."""
     n = max(r.num_steps for r in runs)
     steps = range(n)
 
     def series(name: str, *, empty_as_none: bool = False) -> dict[str, list]:
-        return {run.allocator: run.metric(name, steps=n, empty_as_none=empty_as_none) for run in runs}
+        return _series(runs, name, n, upto, empty_as_none=empty_as_none)
 
+    def chart(fig, key: str) -> None:
+        fig.update_xaxes(range=[0, n - 1])
+        st.plotly_chart(fig, width="stretch", key=key, config=export.png_config(key))
+
+    if upto is not None:
+        st.caption(f"The curves stop at step {upto}: what comes next is the prediction's answer.")
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(step_curves(steps, series("kv_usage"), "KV cache usage (vLLM kv_cache_usage_perc)",
-                                    "allocated / pool", current_step=marker), width="stretch", key="ops_kv")
+        chart(kv_figure(runs, n, marker, upto), "ops_kv")
         note("high (70-95%) while requests wait: memory is working.",
              "near 100% with preemptions climbing means the pool is too small; low usage with a long queue means "
              "something other than memory (reservations, the token budget) is holding requests back.")
     with right:
-        st.plotly_chart(step_curves(steps, series("token_utilization", empty_as_none=True),
-                                    "Token utilization: filled slots / allocated slots", "token utilization",
-                                    current_step=marker),
-                        width="stretch", key="ops_util")
+        chart(step_curves(steps, series("token_utilization", empty_as_none=True),
+                          "Token utilization: filled slots / allocated slots", "token utilization", current_step=marker),
+              "ops_util")
         note("above 90%: allocated memory holds real tokens.",
              "far below means internal fragmentation or reservations for tokens that never come (the contiguous baseline).")
 
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(preemption_chart(runs, n, marker), width="stretch", key="ops_preempt")
+        chart(preemption_chart(runs, n, marker, upto), "ops_preempt")
         note("zero or rare single events under a load spike.",
              "a steady stream means thrashing: sequences are evicted and re-admitted over and over, and the work "
              "they lose (recompute) or move (swap) eats throughput. Raise the watermark or the pool, or admit fewer.")
     with right:
-        st.plotly_chart(step_curves(steps, series("prefix_cache_hit_rate"),
-                                    "Prefix-cache hit rate: hit tokens / queried tokens (cumulative)", "hit rate",
-                                    current_step=marker),
-                        width="stretch", key="ops_prefix")
+        chart(step_curves(steps, series("prefix_cache_hit_rate"),
+                          "Prefix-cache hit rate: hit tokens / queried tokens (cumulative)", "hit rate", current_step=marker),
+              "ops_prefix")
         note("high when requests share a system prompt (try the shared_preamble workload).",
              "near zero on a workload that shares prefixes means the cache is off, blocks are evicted before reuse, or "
              "the shared part is shorter than one block.")
@@ -116,24 +181,45 @@ def dashboard(runs: list[Run], marker: int | None) -> None:
          "of huge block tables means a few very long sequences dominate memory.")
 
 
-def preemption_chart(runs: list[Run], n: int, marker: int | None) -> go.Figure:
-    """Preemptions per step (bars) and in total (a line on the right axis), per allocator."""
+def preemption_chart(runs: list[Run], n: int, marker: int | None, upto: int | None = None) -> go.Figure:
+    """Preemptions per step (bars) and in total (a line on the right axis), per allocator; ``upto``:
+    only the steps so far."""
     steps = list(range(n))
     fig = go.Figure()
+    per_step_all = _series(runs, "step_preemptions", n, upto)
+    totals = _series(runs, "num_preemptions", n, upto)
     for run in runs:
-        per_step = [0 if v is None else v for v in run.metric("step_preemptions", steps=n)]
+        per_step = [0 if v is None else v for v in per_step_all[run.allocator]]
         color = series_color(run.allocator)
         fig.add_trace(go.Bar(x=steps, y=per_step, name=f"{run.allocator}: this step", marker_color=color,
                              opacity=0.45))
-        fig.add_trace(go.Scatter(x=steps, y=run.metric("num_preemptions", steps=n), name=f"{run.allocator}: total",
+        fig.add_trace(go.Scatter(x=steps, y=totals[run.allocator], name=f"{run.allocator}: total",
                                  yaxis="y2", mode="lines", line=dict(color=color, width=2)))
     fig.update_layout(title=dict(text="Preemptions (vLLM num_preemptions)", x=0, font=dict(size=15)), height=300,
                       margin=dict(l=50, r=50, t=40, b=40), legend=dict(orientation="h", y=-0.25),
                       yaxis=dict(title="this step", rangemode="tozero"),
                       yaxis2=dict(title="total", overlaying="y", side="right", rangemode="tozero"))
-    fig.update_xaxes(title_text="engine step")
+    fig.update_xaxes(title_text="engine step", range=[0, n - 1])
     if marker is not None:
         fig.add_vline(x=marker, line_dash="dot", line_color="#555")
+    return fig
+
+
+def _unit(run: Run) -> str:
+    return "reserved slots" if run.kind == "contiguous" else f"blocks of {run.at(0).block_size}"
+
+
+def blocks_histogram(run: Run, step: int) -> go.Figure | None:
+    """How many blocks (or reserved slots) each live sequence holds at ``step``; None when none does."""
+    snap = run.at(step)
+    alive = snap.seq_num_blocks[snap.seq_num_blocks > 0]
+    if not len(alive):
+        return None
+    fig = go.Figure(go.Histogram(x=alive, nbinsx=30, marker_color=series_color(run.allocator)))
+    fig.update_layout(title=dict(text=f"{run.allocator}: {len(alive)} sequences holding memory at step {snap.step}",
+                                 x=0, font=dict(size=15)), height=300, margin=dict(l=50, r=10, t=40, b=40), bargap=0.05)
+    fig.update_xaxes(title_text=f"{_unit(run)} per sequence")
+    fig.update_yaxes(title_text="sequences")
     return fig
 
 
@@ -142,15 +228,10 @@ def blocks_histograms(runs: list[Run], step: int) -> None:
     cols = st.columns(len(runs))
     for col, run in zip(cols, runs):
         snap = run.at(step)
-        alive = snap.seq_num_blocks[snap.seq_num_blocks > 0]
-        unit = "reserved slots" if run.kind == "contiguous" else f"blocks of {snap.block_size}"
-        if not len(alive):
+        fig = blocks_histogram(run, step)
+        if fig is None:
             col.markdown(f"**{run.allocator}**: no sequence holds memory at step {snap.step} (the run has ended).")
             continue
-        fig = go.Figure(go.Histogram(x=alive, nbinsx=30, marker_color=series_color(run.allocator)))
-        fig.update_layout(title=dict(text=f"{run.allocator}: {len(alive)} sequences holding memory at step {snap.step}",
-                                     x=0, font=dict(size=15)), height=300, margin=dict(l=50, r=10, t=40, b=40), bargap=0.05)
-        fig.update_xaxes(title_text=f"{unit} per sequence")
-        fig.update_yaxes(title_text="sequences")
-        col.plotly_chart(fig, width="stretch", key=f"ops_hist_{run.allocator}")
-        col.caption(f"mean {np.mean(alive):.1f}, max {int(np.max(alive))} {unit} per sequence")
+        alive = snap.seq_num_blocks[snap.seq_num_blocks > 0]
+        col.plotly_chart(fig, width="stretch", key=f"ops_hist_{run.allocator}", config=export.png_config(f"ops-hist-{run.allocator}"))
+        col.caption(f"mean {np.mean(alive):.1f}, max {int(np.max(alive))} {_unit(run)} per sequence")

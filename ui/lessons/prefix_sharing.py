@@ -11,10 +11,10 @@ from pagedkv_core.events import ADMIT, ALLOCATE, APPEND, CACHE_HIT, COW, FINISH,
 from pagedkv_core.prefix_hash import hash_block
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sequence import SequenceStatus
-from pagedkv_core.slot_state import SlotState
-from ui import guide, player, settings
-from ui.figures import LEGEND, pool_heatmap, slot_hover_text
+from ui import export, guide, player, presenter, settings
+from ui.figures import LEGEND, snapshot_heatmap
 from ui.guide import GuideStep
+from ui.predict import Prediction
 from ui.lesson_figures import block_tables_grid, short_text, split_bars, value_bars
 from ui.models import chat_prompt
 from ui.runs import settings_config
@@ -154,6 +154,40 @@ class PrefixView:
             break  # one sample is enough: they share every full block
         return rows
 
+    def pool_figure(self, snap):
+        return snapshot_heatmap(snap, self.ids, f"{snap.num_slots:,} KV slots at step {snap.step}", token_text=self.text_of,
+                                height=430)[0]
+
+    def tables_figure(self, snap):
+        rows = [(self.seq_label(snap, i), snap.block_table(int(snap.seq_id[i]))) for i in range(len(snap.seq_id))
+                if int(snap.seq_status[i]) == SequenceStatus.RUNNING]
+        return block_tables_grid(rows, snap.block_ref, snap.block_fill, self.bs,
+                                 f"Block tables of the running sequences at step {snap.step}",
+                                 hover_extra=lambda b: "tokens: " + self.block_text(snap, b))
+
+    def prefill_figure(self, snap):
+        """Prompt tokens computed vs skipped of every request that has its first token by ``snap``'s step (None: none yet)."""
+        rec = self.rec
+        arrived = [rid for rid in self.ids if rec.requests[rid].arrival_step <= snap.step
+                   and rec.first_token_step(rid) is not None and rec.first_token_step(rid) <= snap.step]
+        if not arrived:
+            return None
+        comp = [rec.prefill_tokens(r)[0] for r in arrived]
+        skip = [rec.prefill_tokens(r)[1] for r in arrived]
+        parts = {"computed (forward pass)": comp, "skipped (prefix-cache hit)": skip}
+        return split_bars([f"{r}: {c} computed" for r, c in zip(arrived, comp)], parts,
+                          {"computed (forward pass)": "#1d4ed8", "skipped (prefix-cache hit)": "#93c5fd"},
+                          "Prompt tokens at admission: computed vs skipped", "prompt tokens")
+
+    def slide(self, show: dict) -> None:
+        """Presenter mode: the step's one figure: the block tables (default), the pool or the prefill bars."""
+        snap = self.rec.at(int(show["step"]))
+        which = show.get("figure", "tables")
+        fig = self.prefill_figure(snap) if which == "prefill" else None
+        if fig is None and which == "pool":
+            fig = self.pool_figure(snap)
+        presenter.slide(fig if fig is not None else self.tables_figure(snap), KEY, LEGEND if which == "pool" else None)
+
     def draw(self, step: int, focus: str) -> None:
         rec, ids, bs = self.rec, self.ids, self.bs
         snap = rec.at(step)
@@ -170,21 +204,14 @@ class PrefixView:
         lines = [t for t in (self.describe(e) for e in snap.events) if t]
         left, right = st.columns([1, 1])
         with left:
-            hover = slot_hover_text(snap, ids, self.text_of)
-            fig = pool_heatmap(snap.slot_state, snap.slot_owner, hover, bs, f"{snap.num_slots:,} KV slots at step {snap.step}",
-                               shared_mask=snap.slot_state == SlotState.SHARED, height=430)
-            st.plotly_chart(fig, width="stretch", key=f"{KEY}_heat", config={"displayModeBar": False})
+            st.plotly_chart(self.pool_figure(snap), width="stretch", key=f"{KEY}_heat", config=export.png_config(f"{KEY}-pool"))
             st.caption(LEGEND + ". Hover a cell for the token it holds.")
         with right:
             st.markdown(f"**What happened in step {snap.step}** (the engine's events)")
             st.markdown("\n".join(f"- {t}" for t in lines) if lines else "- decode: every running sample added one token")
 
-        rows = [(self.seq_label(snap, i), snap.block_table(int(snap.seq_id[i]))) for i in range(len(snap.seq_id))
-                if int(snap.seq_status[i]) == SequenceStatus.RUNNING]
-        fig = block_tables_grid(rows, snap.block_ref, snap.block_fill, bs,
-                                f"Block tables of the running sequences at step {snap.step}",
-                                hover_extra=lambda b: "tokens: " + self.block_text(snap, b))
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_tables", config={"displayModeBar": False})
+        st.plotly_chart(self.tables_figure(snap), width="stretch", key=f"{KEY}_tables",
+                        config=export.png_config(f"{KEY}-block-tables"))
         st.caption("Each row is one sequence's block table; a cell's number is the physical block it points to. "
                    "Pale blue blocks are private; orange and darker blocks are shared by 2, 3, … sequences.")
         self._prefill_bars(snap)
@@ -218,23 +245,24 @@ class PrefixView:
         if not arrived:
             return
         left, right = st.columns(2)
-        comp = [rec.prefill_tokens(r)[0] for r in arrived]
         skip = [rec.prefill_tokens(r)[1] for r in arrived]
         with left:
-            parts = {"computed (forward pass)": comp, "skipped (prefix-cache hit)": skip}
-            fig = split_bars([f"{r}: {c} computed" for r, c in zip(arrived, comp)], parts,
-                             {"computed (forward pass)": "#1d4ed8", "skipped (prefix-cache hit)": "#93c5fd"},
-                             "Prompt tokens at admission: computed vs skipped", "prompt tokens")
-            st.plotly_chart(fig, width="stretch", key=f"{KEY}_prefill", config={"displayModeBar": False})
+            st.plotly_chart(self.prefill_figure(snap), width="stretch", key=f"{KEY}_prefill",
+                            config=export.png_config(f"{KEY}-prefill"))
         with right:
             ttft = [rec.ttft_s(r) for r in arrived]
             fig = value_bars(arrived, ttft, "Measured time to first token", "seconds (wall time of the engine steps)",
                              lambda v: f"{v:.2f} s", colors=["#1d4ed8" if s == 0 else "#60a5fa" for s in skip])
-            st.plotly_chart(fig, width="stretch", key=f"{KEY}_ttft", config={"displayModeBar": False})
+            st.plotly_chart(fig, width="stretch", key=f"{KEY}_ttft", config=export.png_config(f"{KEY}-ttft"))
 
 
 # ---------------------------------------------------------------------------- guide
+D_CACHE_OPTIONS = ("yes: all of the preamble's full blocks", "only part of it", "no: its blocks were freed with the requests")
+
+
 def guide_steps(rec: TimedRun) -> list[GuideStep]:
+    """The walkthrough over the recorded run; every step number and every answer is read off it."""
+    bs = rec.config.block_size
     a_comp, _ = rec.prefill_tokens("A")
     b_comp, b_skip = rec.prefill_tokens("B")
     _, d_skip = rec.prefill_tokens("D")
@@ -246,28 +274,47 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
     cow_step = rec.events(COW)[0][0]
     cows = [e for s, e in rec.events(COW) if s == cow_step]
     copies = " and ".join(f"block {e.detail['src']} → {e.detail['dst']}" for e in cows)
+    n_c = rec.requests["C"].n
     a_done = rec.finish_step("A")
     c_done = rec.finish_step("C")
     b_done = rec.finish_step("B")
     d_arr = rec.requests["D"].arrival_step
     ta, tb, td = rec.ttft_s("A"), rec.ttft_s("B"), rec.ttft_s("D")
+    d_answer = D_CACHE_OPTIONS[0] if d_skip >= b_skip > 0 else (D_CACHE_OPTIONS[1] if d_skip else D_CACHE_OPTIONS[2])
     return [
         GuideStep("A arrives", f"A's prompt is {len(pa)} tokens: the preamble plus a question. Nothing is cached yet, so "
                   f"the model computes all {a_comp} tokens in one prefill; its first token takes {ta:.2f} s (measured). "
-                  f"Its {len(pa) // 16} full blocks are hashed as they fill.", {"step": 0, "focus": "A"}),
+                  f"Its {len(pa) // bs} full blocks are hashed as they fill.", {"step": 0, "focus": "A"}),
         GuideStep("A chain of hashes", "Look at the hash table below: block 1's hash is computed from block 0's hash and "
-                  "block 1's 16 tokens, block 2's from block 1's, and so on. A block's hash therefore names its whole "
-                  "history: the same 16 tokens after a different preamble get a different hash.", {"step": 0, "focus": "A"}),
-        GuideStep("B reuses A's blocks", f"B arrives with the same preamble. Its first {b_skip // 16} block hashes match "
-                  f"A's, so B's block table points at A's physical blocks (ref count 2) and only {b_comp} tokens are "
-                  f"computed: first token after {tb:.2f} s instead of {ta:.2f} s.", {"step": 1, "focus": "B"}),
+                  f"block 1's {bs} tokens, block 2's from block 1's, and so on. A block's hash therefore names its whole "
+                  "history: the same tokens after a different preamble get a different hash.", {"step": 0, "focus": "A"}),
+        GuideStep("B arrives", f"B arrives with the same preamble and its own question: {len(pb)} prompt tokens. A's "
+                  f"full blocks are in the pool, each under its chained hash; the engine looks B's blocks up, {bs} "
+                  "tokens at a time, before it computes anything.", {"step": 0, "focus": "A", "figure": "prefill"},
+                  predict=Prediction(
+                      "prefix_b_computed", f"Predict: how many of B's {len(pb)} prompt tokens will the model compute?",
+                      b_comp, f"B's first {b_skip // bs} block hashes match A's, so {b_skip} tokens come from the cache "
+                      f"and only {b_comp} are computed: the block where the preamble meets B's own question, and the "
+                      f"question. First token after {tb:.2f} s instead of {ta:.2f} s.", tolerance=bs, unit="tokens"),
+                  reveal={"step": 1, "focus": "B"}),
+        GuideStep("B reuses A's blocks", f"B's block table points at A's physical blocks (ref count 2) for its first "
+                  f"{b_skip // bs} blocks: {b_comp} tokens computed, first token after {tb:.2f} s instead of {ta:.2f} s.",
+                  {"step": 1, "focus": "B", "figure": "prefill"}),
         GuideStep("Only whole blocks are shared", f"A and B agree on their first {preamble_common} tokens, but only "
-                  f"{b_skip} = {b_skip // 16} × 16 are shared: the last {preamble_common - b_skip} common tokens sit in a "
+                  f"{b_skip} = {b_skip // bs} × {bs} are shared: the last {preamble_common - b_skip} common tokens sit in a "
                   "block that also holds the start of each question, and a block is shared whole or not at all.",
                   {"step": 1, "focus": "B"}),
-        GuideStep("C forks into three samples", "C asks for three samples (n = 3, temperature 0.7). It reuses the preamble "
-                  "too; after its prefill it forks: the three samples share every block, including the partly filled "
-                  "tail block (the rows C sample 1-3 point at the same physical blocks).", {"step": fork_step, "focus": "C"}),
+        GuideStep("C forks into three samples", f"C asks for {n_c} samples (n = {n_c}, temperature 0.7). It reuses the "
+                  "preamble too; after its prefill it forks: the samples share every block, including the partly filled "
+                  "tail block (the rows C sample 1-3 point at the same physical blocks). Next, each sample writes its own "
+                  "next token.", {"step": fork_step, "focus": "C"},
+                  predict=Prediction(
+                      "prefix_cow_copies", f"Predict: when C's {n_c} samples each write their next token, how many "
+                      "blocks will be copied?", len(cows),
+                      f"Only the partly filled tail block is written, and a shared block must be copied before a write: "
+                      f"{copies}; the last sample keeps the original, now private, and the full blocks stay shared.",
+                      unit="blocks"),
+                  reveal={"step": cow_step}),
         GuideStep("Copy-on-write", "Each sample must now write its own next token into the shared tail block (even two "
                   "samples that drew the same token are separate sequences from here on). Writing into a shared block would "
                   f"change it for the others, so the block manager copies it first: {copies}; the last sample keeps the "
@@ -279,11 +326,17 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
         GuideStep("B continues alone", "C has finished too. B keeps running on the shared preamble blocks, now with ref "
                   "count 1: sharing costs nothing once the others leave.", {"step": c_done, "focus": "B"}),
         GuideStep("The cache outlives the requests", "B finished: no request runs. The preamble's blocks are free, yet "
-                  "still hashed (pale blue in the pool): reusable until a new allocation needs the room.",
-                  {"step": b_done, "focus": "B"}),
+                  "still hashed (pale blue in the pool): reusable until a new allocation needs the room. D, with the "
+                  "same preamble, arrives next.", {"step": b_done, "focus": "B", "figure": "pool"},
+                  predict=Prediction(
+                      "prefix_d_cached", "Predict: D arrives after every other request has finished. Will it find the "
+                      "preamble in the prefix cache?", d_answer,
+                      f"D skipped {d_skip} prompt tokens (B skipped {b_skip}): freed blocks keep their hash until an "
+                      f"allocation needs them, so D's first token came after {td:.2f} s.", options=D_CACHE_OPTIONS),
+                  reveal={"step": d_arr, "focus": "D", "figure": "prefill"}),
         GuideStep("D finds the preamble cached", f"D arrives after everyone has left and still skips {d_skip} prompt "
                   f"tokens: its first token after {td:.2f} s. A shared system prompt is paid for once per server, not "
-                  "once per request.", {"step": d_arr, "focus": "D"}),
+                  "once per request.", {"step": d_arr, "focus": "D", "figure": "prefill"}),
     ]
 
 
@@ -293,18 +346,21 @@ def show_guide(view: PrefixView) -> None:
     except (IndexError, KeyError, TypeError):
         st.error("The guide's fixed run did not produce the expected events.")
         st.stop()
-    g = guide.nav(KEY, steps)
-    view.draw(int(g.show["step"]), g.show["focus"])
+    show = guide.nav(KEY, steps).show
+    if presenter.on(KEY):
+        view.slide(show)
+        st.stop()
+    view.draw(int(show["step"]), show["focus"])
 
 
 def explore(view: PrefixView) -> None:
     n = view.rec.num_steps
-    player.controls(KEY, n)
+    player.controls(KEY, n, runs=[view.rec])
 
     @st.fragment(run_every=player.interval(KEY))
     def show() -> None:
         step = player.tick(KEY, n)
-        player.slider(KEY, n)
+        player.slider(KEY, n, runs=[view.rec])
         focus = st.radio("Hash chain of", view.ids, horizontal=True, key=f"{KEY}_focus")
         view.draw(step, focus)
 

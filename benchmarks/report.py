@@ -12,7 +12,8 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TABLE = Path(__file__).resolve().parent / "README_TABLE.md"
-ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "playback", "gpu_engine", "gpu_kernels")
+ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "playback", "scale", "roofline", "live",
+         "gpu_engine", "gpu_kernels")
 
 
 def load_results(results_dir: Path = RESULTS) -> dict[str, dict]:
@@ -44,6 +45,40 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
                          f"token utilization {s['paged16_token_utilization']:.1%} vs {s['contiguous_token_utilization']:.1%}; "
                          f"peak concurrency {s['paged16_peak_running']} vs {s['contiguous_peak_running']}; "
                          f"steps {s['paged16_steps']} vs {s['contiguous_steps']}", "reported", "-"))
+        for t in r.get("trace_rows", []):
+            rows.append((f"allocation `{t['workload']}` (Azure trace), {t['allocator']}",
+                         f"token share {t['token_share']:.1%} (paper {t['paper_token_share']:.1%}); token {t['token']:.3f}, "
+                         f"reservation {t['reservation']:.3f}, internal {t['internal']:.3f}, external {t['external']:.3f}, "
+                         f"free {t['free']:.3f}; steps {t['steps']:,}; running peak {t['peak_running']}, mean {t['mean_running']}",
+                         "reported", "-"))
+        for t in r.get("targets", []):
+            rows.append((f"allocation: {t['name']}", ", ".join(f"{v:.1%}" for v in t["value"]), t["target"], _verdict(t["pass"])))
+        return rows
+    if name == "scale":
+        for row in r.get("rows", []):
+            extra = (f"; scrub {row['scrub_ms_median']:.0f} ms median, {row.get('payload_kb', 0):.0f} KB a heatmap"
+                     if "scrub_ms_median" in row else "")
+            rows.append((f"scale: `{r['workload']}` into {row['pool_slots']:,} slots, {row['allocator']}, recording on",
+                         f"{row['steps_per_s']:,.0f} steps/s over {row['steps']:,} steps; peak RSS {row['peak_rss_mb']:.0f} MB "
+                         f"(recording {row['recording_mb']:.0f} MB); trace {row['trace_mb']:.1f} MB{extra}", "reported", "-"))
+        for t in r.get("targets", []):
+            rows.append((f"scale: {t['name']}", f"{t['value']:,}", t["target"].replace(">=", "≥").replace("<=", "≤"),
+                         _verdict(t["pass"])))
+        return rows
+    if name == "roofline":
+        peak = r.get("peak_gflops", {})
+        for v in r.get("variants", []):
+            rows.append((f"roofline: {v['dtype']} decode step at batch {v['batch']}, one thread",
+                         f"{v['tokens_per_s']:.0f} tok/s, {v['gflops']:.0f} GFLOP/s = {v['share_of_peak']:.0%} of the "
+                         f"{peak.get(v['dtype'], 0):.0f} GFLOP/s matmul peak ({v['share_of_roofline']:.0%} of its memory roofline, "
+                         f"{v['roofline_gflops']:.0f} GFLOP/s)", "reported", "-"))
+        for t in r.get("targets", []):
+            rows.append((f"roofline: {t['name']}", f"{t['value']:.0%}", t["target"].replace(">=", "≥"), _verdict(t["pass"])))
+        return rows
+    if name == "live":
+        for t in r.get("targets", []):
+            rows.append((f"live: {t['name']}", str(t["value"]), t["target"].replace(">=", "≥").replace("<=", "≤"),
+                         _verdict(t["pass"])))
         return rows
     if name == "throughput":
         m = r["main"]

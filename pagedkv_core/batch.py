@@ -71,6 +71,7 @@ class TokenSource(Protocol):
 
     eos_token_id: int | None  # the scheduler finishes a sequence on it (None: never)
     max_model_len: int  # longest sequence (prompt + output) the source can handle
+    vocab_size: int  # prompt token ids must be below it (the engine rejects a request that has one)
 
     def bind(self, num_slots: int, num_host_slots: int) -> None:
         """Allocate (or re-allocate) KV storage: ``num_slots`` device slots and

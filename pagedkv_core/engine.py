@@ -21,9 +21,8 @@ import operator
 import time
 
 from .allocator import build_allocator
-from .config import MAX_ARRIVAL_STEP, MAX_TOKEN_ID
 from .batch import TokenSource
-from .config import EngineConfig
+from .config import MAX_ARRIVAL_STEP, EngineConfig
 from .events import REJECT, Event
 from .metrics import RunStats, RunSummary, StepCounts, StepMetrics
 from .outputs import CompletionOutput, RequestOutput, TokenIds
@@ -49,7 +48,7 @@ class Engine:
         self._events: list[Event] = []  # one chronological list per step: scheduler and allocator append
         self.allocator = build_allocator(config, self._events, self.max_model_len)
         self.scheduler = Scheduler(config, self.allocator, self._events, source.eos_token_id, self.max_model_len)
-        self.vocab_size = int(getattr(source, "vocab_size", MAX_TOKEN_ID + 1))  # scripted: any int32 id
+        self.vocab_size = int(source.vocab_size)  # prompt ids at or past it are rejected
         self.recording = recording
         if recording is not None:
             recording.start(pool_scalars(self.allocator), pool_arrays(self.allocator))
@@ -73,7 +72,7 @@ class Engine:
         output_len: int | None = None,
         *,
         extra_keys: tuple = (),
-    ) -> None:
+    ) -> str:
         """Queue a request; it becomes visible at ``arrival_step`` (default: the next step).
         ``output_len`` (scripted sources): the answer's intended length. ``extra_keys`` are
         mixed into its prefix-cache hashes (e.g. an adapter id). Returns the id it is kept

@@ -25,6 +25,7 @@ class KVOracleSource:
         self.inner = inner if inner is not None else ScriptedSource()
         self.eos_token_id = self.inner.eos_token_id
         self.max_model_len = self.inner.max_model_len
+        self.vocab_size = self.inner.vocab_size
         self.engine = None
         self.reads_checked = 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import zlib
 
 from .batch import ScheduledBatch
+from .config import MAX_TOKEN_ID
 
 VOCAB_SIZE = 49152
 FIRST_TOKEN = 3  # ids below are special tokens (bos/eos/pad) in SmolLM2's vocabulary
@@ -47,6 +48,7 @@ class ScriptedSource:
 
     eos_token_id = None
     max_model_len = 1 << 20
+    vocab_size = MAX_TOKEN_ID + 1  # prompts may carry any id an int32 slot can hold; answers use VOCAB_SIZE
 
     def __init__(self) -> None:
         self.num_slots = 0

@@ -28,6 +28,13 @@ longest possible answer for each request in one contiguous piece.
 1. Pick the engine settings in the sidebar; they apply to every page on its next run.
 2. Open a page from the menu, press *Play* or *Step*, and drag the slider to scrub through the run.
 3. Hover a cell of a heatmap to see which request owns it and the tokens it holds.
+4. Set the player's speed (1 to 50 steps per second), or jump with *Next event* to the next admission,
+   finish, preemption, swap-in, copy-on-write, cache hit or rejection; the strip under the slider marks them all.
+5. In *Guide mode*, answer each **Predict:** question before the run shows the answer; the page then reveals
+   what the run measured, and keeps count of your right answers. *Presenter mode* (or `?present=on` in a
+   lesson's URL) turns the guide into slides for a projector, with ← and → for Previous and Next.
+6. Every chart saves as a PNG (the camera in its toolbar), and each lesson's run downloads as one HTML file
+   that plays its heatmaps offline.
 """
 )
 

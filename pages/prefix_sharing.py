@@ -2,6 +2,7 @@
 ~620-token system prompt on the real model. Every number is read from the recorded run."""
 import streamlit as st
 
+from pagedkv_core.config import ConfigError
 from ui import export, guide, presenter
 from ui.lessons import prefix_sharing as lesson
 from ui.models import token_text_lookup
@@ -17,7 +18,11 @@ if not presenter.on(lesson.KEY):
         "has finished and still finds the preamble cached. SmolLM2 runs every step for real."
     )
 config, seed = (lesson.GUIDE_CONFIG, lesson.GUIDE_SEED) if guided else lesson.explore_settings()
-rec = cached(lesson.prefix_sharing_run, config, seed, spinner=lesson.SPINNER)
+try:
+    rec = cached(lesson.prefix_sharing_run, config, seed, spinner=lesson.SPINNER)
+except ConfigError as exc:  # the sidebar's pool does not fit the memory budget (BudgetError)
+    st.error(str(exc))
+    st.stop()
 if rec is None:
     st.stop()
 for rid, reason in rec.rejected.items():

@@ -21,9 +21,20 @@ WORKLOAD = "azure-conv-small"
 
 @pytest.fixture(scope="module")
 def page():
+    """The page after both predictions are answered (the breakdown is drawn only then)."""
     at = open_page("pages/baselines.py")
     assert not at.error, [e.value for e in at.error]
+    assert not [c for c in at.get("plotly_chart") if "base_waste" in c.proto.id]  # nothing given away yet
+    at.radio(key="predict_base_base_worst").set_value("Orca Max").run()
+    at.radio(key="predict_base_base_paged_share").set_value("90% or more").run()
+    assert not at.exception
     return at
+
+
+def test_predictions_come_first_and_reveal_the_measured_answers(page):
+    shown = " ".join(s.value for s in page.success)
+    assert "Right." in shown and "Orca Max holds tokens in" in shown
+    assert page.get("plotly_chart") and any("base_waste" in c.proto.id for c in page.get("plotly_chart"))
 
 
 def engine(allocator: str, recording=None) -> Engine:

@@ -43,7 +43,7 @@ def _from_url(key: str) -> None:
     if st.query_params.get("guide", "").lower() in ("1", "on", "true", "yes") or presenter.on(key):
         st.session_state[f"{key}_guide"] = True
         raw = st.query_params.get("guide_step", "")
-        if raw.isdigit() and int(raw) >= 1:
+        if raw.isascii() and raw.isdigit() and int(raw) >= 1:  # "²".isdigit() is True, int("²") fails
             st.session_state[f"{key}_guide_step"] = int(raw) - 1
 
 

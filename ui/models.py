@@ -3,11 +3,23 @@ KV pools, chat prompts and token text.
 
 This module caches resources and shows load progress; it never allocates KV memory itself. The
 engine (``pagedkv_core``) does that, and the pages only read its snapshots.
+
+Cores. Every engine made here runs its forwards on its share of the cores (:class:`CoreShare`):
+torch's default is every core for every thread that runs a forward, so two sessions (or the
+two engines of one live pair) stepping at once would run twice as many threads as there are
+cores, and each would wait on the other mid-GEMM.
+
+Precision. The sidebar may ask for bf16 (:func:`runner_dtype`) where the CPU computes it natively
+(AVX512-BF16 or AMX); fp32 stays the default, because the tests that compare with transformers
+token for token do so in fp32. A GPU keeps its own default (bf16).
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import functools
+import threading
+import time
+from dataclasses import dataclass, field
 
 import streamlit as st
 
@@ -58,12 +70,92 @@ def model_kv_shape(lm) -> KVShape:
     return KVShape.from_config(lm.config, name=lm.name)
 
 
-@st.cache_resource(show_spinner=False, max_entries=2)
-def _base_runner(model_path: str):
+DTYPES = ("float32", "bfloat16")  # the precisions the sidebar may offer for the CPU model
+ACTIVE_WINDOW_S = 2.0  # an engine that stepped this recently still counts as using the cores
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_offered() -> bool:
+    """Whether the sidebar offers bf16: the CPU computes it natively (read from its flags, without
+    importing torch). On a GPU the model runs in bf16 whatever the sidebar says."""
+    from pagedkv_core.model import cpu_supports_bf16
+
+    return cpu_supports_bf16()
+
+
+def runner_dtype() -> str | None:
+    """The dtype the sidebar asks of the model: "bfloat16" when it is offered and chosen, else
+    None (the device's default: fp32 on the CPU, bf16 on a GPU). The choice is the session's
+    ``dtype`` setting (ui.settings)."""
+    chosen = st.session_state.get("dtype", DTYPES[0])
+    return "bfloat16" if chosen == "bfloat16" and bf16_offered() else None
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _base_runner(model_path: str, dtype: str | None = None):
     from pagedkv_core.model.runner import ModelRunner
 
     lm = _load_cached(model_path, _progress=lambda f, what: None)
-    return ModelRunner(lm, device="auto")  # the GPU when there is one (bf16, Triton kernels), else the CPU
+    # The GPU when there is one (bf16, Triton kernels), else the CPU (fp32 unless ``dtype``).
+    return ModelRunner(lm, device="auto", dtype=dtype)
+
+
+class CoreShare:
+    """How many torch threads one forward may use: the cores split evenly among the model
+    engines that stepped in the last ``window_s`` seconds, in every session of this process
+    (:func:`pagedkv_core.model.runner.session_threads`). One live pair alone on two cores: one
+    thread each, the two forwards side by side; the Live engine page's single engine: both."""
+
+    def __init__(self, window_s: float = ACTIVE_WINDOW_S, clock=time.monotonic, cores: int | None = None):
+        self.window_s = window_s
+        self._clock = clock
+        self._cores = cores
+        self._last: dict[int, float] = {}  # id of an engine's source -> when it last stepped
+        self._lock = threading.Lock()
+
+    def active(self) -> int:
+        """Engines that stepped within the window."""
+        now = self._clock()
+        with self._lock:
+            return sum(1 for t in self._last.values() if now - t <= self.window_s)
+
+    def threads_for(self, who: object) -> int:
+        """Threads for ``who``'s forward now; counts ``who`` as stepping."""
+        from pagedkv_core.model.runner import session_threads
+
+        now = self._clock()
+        with self._lock:
+            self._last[id(who)] = now
+            for k in [k for k, t in self._last.items() if now - t > self.window_s]:
+                del self._last[k]
+            engines = len(self._last)
+        return session_threads(engines, cores=self._cores)
+
+
+CORE_SHARE = CoreShare()  # one per process: every session's engines share the cores
+
+
+class CoreSharingSource:
+    """A model runner whose every step first sets torch's thread count, in the thread that runs
+    the step, to its engine's share of the cores (``share.threads_for``); everything else is the
+    runner's (its KV pools, its dtype, what the pages read of it)."""
+
+    def __init__(self, runner, share: CoreShare):
+        self._runner = runner
+        self._share = share
+        self.threads_used = 0  # the count of the last step
+
+    def execute(self, batch):
+        import torch
+
+        self.threads_used = self._share.threads_for(self)
+        torch.set_num_threads(self.threads_used)
+        return self._runner.execute(batch)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_runner", "_share"):
+            raise AttributeError(name)
+        return getattr(self._runner, name)
 
 
 @dataclass(frozen=True)
@@ -78,6 +170,7 @@ class EngineFactory:
 
     runner: object  # pagedkv_core.model.runner.ModelRunner
     tokenizer: object
+    cores: CoreShare | None = field(default=None, compare=False)  # None: torch's own thread count
 
     @property
     def bytes_per_token(self) -> int:
@@ -94,7 +187,10 @@ class EngineFactory:
                    f"a real-model KV pool of {config.pool_slots:,} slots (plus its swap pool) at "
                    f"{format_bytes(self.bytes_per_token)} a token",
                    hint="pick a smaller pool or swap pool, or raise PAGEDKV_SESSION_BUDGET")
-        return Engine(config, copy.copy(self.runner), recording=recording)
+        source = copy.copy(self.runner)
+        if self.cores is not None:
+            source = CoreSharingSource(source, self.cores)
+        return Engine(config, source, recording=recording)
 
 
 def engine_factory() -> EngineFactory | None:
@@ -103,7 +199,7 @@ def engine_factory() -> EngineFactory | None:
     lm = loaded_model()
     if lm is None:
         return None
-    return EngineFactory(_base_runner(model_path()), lm.tokenizer)
+    return EngineFactory(_base_runner(model_path(), runner_dtype()), lm.tokenizer, cores=CORE_SHARE)
 
 
 def tokenizer():

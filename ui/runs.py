@@ -14,6 +14,7 @@ the session budget, and stopped, saying so, when its recording grows past that s
 """
 from __future__ import annotations
 
+import functools
 import tempfile
 import threading
 from collections import OrderedDict
@@ -37,6 +38,8 @@ from pagedkv_core.trace import TraceError, load_recording, write_recording
 from pagedkv_core.waste import WasteAccumulator, final_written
 from pagedkv_core.workloads import Workload, build_workload, workload_from_bytes
 from ui import settings
+from ui.live_stepper import GuardedRecording, LiveStepper
+from ui.workshop import check_upload
 
 MAX_SCRIPTED_STEPS = 5000  # a scripted scenario that has not ended by then is cut short (and says so)
 REAL_MAX_TOKENS = 256  # the longest answer a live chat request may ask for: what a contiguous server must reserve
@@ -97,6 +100,11 @@ class Run:
     texts: list = field(default_factory=list)  # a live run's (request id, text, finish reason) once it has ended
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
     _snaps: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # A recording that another thread writes (a live run's, see ui.live_stepper) brings the
+        # lock it is written under: reading it under the same lock sees whole steps only.
+        self._lock = getattr(self.recording, "lock", None) or self._lock
 
     @property
     def allocator(self) -> str:
@@ -286,6 +294,7 @@ def current_workload() -> Workload:
     cache = session_runs()
     workload = cache.get(key)
     if workload is None:
+        check_upload(upload, "workload file")
         workload = workload_from_bytes(upload.getvalue(), upload.name, seed=seed, **options)
         cache.put(key, workload, workload_bytes(workload))
     st.session_state["_workload_upload"] = (key, workload)  # what the pages run (tests read it back)
@@ -373,6 +382,11 @@ def uploaded_trace() -> Run | None:
     run = cache.get(key)
     if run is not None:
         return run
+    try:
+        check_upload(upload, "trace")
+    except ConfigError as exc:
+        st.error(f"Cannot replay {upload.name}: {exc}")
+        return None
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "upload.jsonl"
         path.write_bytes(upload.getvalue())
@@ -421,23 +435,39 @@ def current_runs() -> list[Run] | None:
 
 
 # ---------------------------------------------------------------------------- live runs
+# Tokens one step of a live real-model engine may compute (EngineConfig.max_batch_tokens, vLLM's
+# max_num_batched_tokens): the 16 chat prompts' prefills (about 600 tokens) are chunked over the
+# first steps instead of one step of several seconds, so the first frame comes at once. 64 keeps
+# one step of the pair near 0.3 s on one core each while prefilling, and above the 16 decodes
+# of a full batch, so the budget never holds a decode back.
+LIVE_BATCH_TOKENS = 64
+
+
+def live_configs() -> list[EngineConfig]:
+    """The live pair's configs: the sidebar's contiguous baseline and paged, each with the
+    per-step token budget :data:`LIVE_BATCH_TOKENS`."""
+    return [settings_config(a, max_batch_tokens=LIVE_BATCH_TOKENS) for a in (contiguous_allocator(), "paged")]
+
+
 def live_pair() -> list[Run] | None:
     """The 16 chat prompts on the real model, the sidebar's contiguous baseline and paged side by
-    side, stepped live by the page (``step_live``). Kept in the session until the settings change.
-    Raises BudgetError (a ConfigError) before allocating when the two KV pools would not fit the
-    session budget."""
+    side, stepped live by the page (:func:`advance_live`) on a thread of their own. Kept in the
+    session until the settings change; its first step (at most :data:`LIVE_BATCH_TOKENS` tokens
+    each) is computed here. Raises BudgetError (a ConfigError) before allocating when the two KV
+    pools would not fit the session budget."""
     from pagedkv_core.prompts import CHAT_PROMPTS
     from pagedkv_core.sampling import SamplingParams
-    from ui.models import chat_prompt, engine_factory, model_path, token_text_lookup
+    from ui.models import chat_prompt, engine_factory, model_path, runner_dtype, token_text_lookup
 
-    configs = [settings_config(contiguous_allocator()), settings_config("paged")]
+    configs = live_configs()
     if configs[0].allocator != "contiguous":
         st.info(f"{BASELINE_LABELS[configs[0].allocator]} needs each answer's length in advance; SmolLM2's chat "
                 "requests state none, so it reserves max_tokens, like Orca Max.")
-    key = ("live", tuple(configs), model_path())
+    key = ("live", tuple(configs), model_path(), runner_dtype())
     cache = session_runs()
     held = cache.get(key)
     if held is not None:
+        st.session_state["_live_key"] = key
         return held
     make = engine_factory()
     if make is None:
@@ -451,7 +481,7 @@ def live_pair() -> list[Run] | None:
                hint="pick a smaller pool or swap pool, or raise PAGEDKV_SESSION_BUDGET")
     runs = []
     for cfg, kv_bytes in zip(configs, kv):
-        recording = Recording()
+        recording = GuardedRecording()  # written by the stepping thread while the page reads it
         engine = make(cfg, recording=recording)
         for i, text in enumerate(CHAT_PROMPTS):
             engine.add_request(f"chat{i:02d}", chat_prompt(make.tokenizer, text), SamplingParams(max_tokens=REAL_MAX_TOKENS))
@@ -460,8 +490,8 @@ def live_pair() -> list[Run] | None:
                         kv_bytes=kv_bytes))
     cache.put(key, runs, sum(r.nbytes for r in runs))
     st.session_state["_live_key"] = key
-    with st.spinner("Prefilling 16 chat prompts on SmolLM2…"):
-        step_live(runs, 0)
+    with st.spinner(f"SmolLM2's first step ({LIVE_BATCH_TOKENS} prompt tokens on each side)…"):
+        advance_live(runs, 0)
     return runs
 
 
@@ -476,48 +506,73 @@ class _TokenText(dict):
         return self._lookup(int(token_id))
 
 
-def _finish(run: Run) -> None:
+def _finish(run: Run, tokenizer) -> None:
     """A live run whose engine has ended (or was stopped): keep its header and texts, release its pools."""
-    run.texts = live_texts(run)
+    run.texts = live_texts(run, tokenizer)
     run.header = {**_compact_header(run.engine), "summary": run.engine.summary().to_json()}
     run.done = not run.engine.has_unfinished()
     run.engine = None
     run.kv_bytes = 0
 
 
-def step_live(runs: list[Run], shown_step: int) -> None:
-    """Advance every unfinished live run until it has a step past ``shown_step``; stop the runs
-    (saying so) when they outgrow the session budget."""
-    budget = session_budget()
+def _after_live_step(runs: list[Run], budget: int, tokenizer) -> None:
+    """After each step of a live group (on its stepping thread, so no Streamlit here): finish the
+    runs that ended, and stop them all, saying so, when together they outgrow ``budget``."""
     for run in runs:
-        if run.engine is None or run.done:
-            continue
-        if run.num_steps <= shown_step + 1:
-            run.engine.step(snapshot=False)
-            if not run.engine.has_unfinished():
-                _finish(run)
-    total = sum(r.nbytes for r in runs)
-    if total > budget:
+        if run.engine is not None and not run.engine.has_unfinished():
+            _finish(run, tokenizer)
+    if sum(r.nbytes for r in runs) > budget:
         for run in runs:
             if run.engine is not None:
                 run.stopped = _budget_note(run, budget // len(runs))
-                _finish(run)
+                _finish(run, tokenizer)
+
+
+def _stepper(runs: list[Run]) -> LiveStepper:
+    """This session's stepper for ``runs``; a stepper of other runs (the settings changed) is
+    stopped and replaced."""
+    held = st.session_state.get("_live_stepper")
+    if held is None or len(held.runs) != len(runs) or any(a is not b for a, b in zip(held.runs, runs)):
+        if held is not None:
+            held.cancel()
+        from ui.models import tokenizer
+
+        held = LiveStepper(runs, functools.partial(_after_live_step, budget=session_budget(), tokenizer=tokenizer()))
+        st.session_state["_live_stepper"] = held
+    return held
+
+
+def advance_live(runs: list[Run], to_step: int, *, ahead: int = 0) -> None:
+    """Make every unfinished live run record step ``to_step`` (returns once each has, or has
+    ended), and keep them stepping on their own thread up to ``to_step + ahead`` while the page
+    draws. A page that plays asks for the step after the one it shows with a lookahead (the
+    next frame is then usually computed already); Step asks for one more step and no lookahead;
+    a lower step than before stops the stepping there. Shows st.warning if a step takes longer
+    than the stepper's timeout; re-raises an error a step raised."""
+    if not any(r.engine is not None and not r.done for r in runs):
+        return
+    if not _stepper(runs).advance(to_step, ahead=ahead):
+        st.warning(f"SmolLM2 has not finished step {to_step} yet: the machine is busy. It keeps computing; "
+                   "press Step or Play again in a moment.")
     key = st.session_state.get("_live_key")
     if key is not None:
         session_runs().touch(key, sum(r.nbytes for r in runs))
 
 
-def live_texts(run: Run) -> list[tuple[str, str, str]]:
+def live_texts(run: Run, tok=None) -> list[tuple[str, str, str]]:
     """(request id, text so far, finish reason) of a live real-model run (its engine, while it
-    runs; the recorded header's requests once it has ended)."""
-    from ui.models import tokenizer
-
-    if run.engine is None:
+    runs; the texts kept when it ended). ``tok``: the model's tokenizer (default: the sidebar
+    model's, which needs the script thread)."""
+    engine = run.engine  # read once: the stepping thread lets it go when the run ends
+    if engine is None:
         return list(run.texts)
-    tok = tokenizer()
+    if tok is None:
+        from ui.models import tokenizer
+
+        tok = tokenizer()
     out = []
     for rid in run.request_ids:
-        req = run.engine.get_request(rid)
-        ids = req.output_token_ids[0] if req.output_token_ids else []
+        req = engine.get_request(rid)
+        ids = list(req.output_token_ids[0]) if req.output_token_ids else []
         out.append((rid, tok.decode(ids, skip_special_tokens=True), req.finish_reason or "running"))
     return out

@@ -1,17 +1,50 @@
 """Start the app: ``python -m ui.serve [streamlit options]`` = ``streamlit run app.py [options]``,
-minus Streamlit's legacy scan of the ``pages/`` folder (see :mod:`ui.streamlit_compat`)."""
+minus Streamlit's legacy scan of the ``pages/`` folder (see :mod:`ui.streamlit_compat`).
+
+In workshop mode (``PAGEDKV_WORKSHOP=1``, which ``make app WORKSHOP=1`` sets; see
+:mod:`ui.workshop`) it also caps uploads at the server (``--server.maxUploadSize``, unless the
+command line gives one) and sets the smaller per-session memory budget, after checking the
+workshop's environment: a bad value stops it with one line and exit code 2, before Streamlit starts.
+"""
 import sys
 from pathlib import Path
 
 from ui.streamlit_compat import use_navigation_only
 
 
+def workshop_options(argv: list[str]) -> list[str]:
+    """The Streamlit options the PAGEDKV_* environment adds to ``argv``: the upload cap (in
+    workshop mode, or when PAGEDKV_MAX_UPLOAD_MB is set), unless ``argv`` sets one. Applies the
+    workshop's memory default first. Raises ConfigError (one line) for a bad PAGEDKV_* value."""
+    from pagedkv_core.memory import session_budget
+    from ui import workshop
+
+    workshop.max_model_sessions()  # parsed now, so a bad value stops the launch rather than a page
+    workshop.apply_defaults()
+    session_budget()
+    cap = workshop.upload_cap_mb()
+    return [] if cap is None or _given(argv, "server.maxUploadSize") else [f"--server.maxUploadSize={cap}"]
+
+
+def _given(argv: list[str], option: str) -> bool:
+    flag = f"--{option}"
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
 def main() -> None:
     from streamlit.web import cli
 
+    from pagedkv_core.config import ConfigError
+
+    args = sys.argv[1:]
+    try:
+        extra = workshop_options(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     use_navigation_only()
     app = str(Path(__file__).resolve().parents[1] / "app.py")
-    sys.argv = ["streamlit", "run", app, *sys.argv[1:]]
+    sys.argv = ["streamlit", "run", app, *extra, *args]
     sys.exit(cli.main())
 
 

@@ -3,6 +3,12 @@ exact scenario. Bad values in the URL are reported with st.error and replaced by
 
 Every engine setting's default and bounds come from its rule in :mod:`pagedkv_core.config`
 (``setting_spec``), so the sidebar, the CLI and ``EngineConfig`` itself cannot drift apart.
+
+The query string also carries the pages' own parameters (``guide``, ``guide_step``, ``present``,
+read by :mod:`ui.guide` and :mod:`ui.presenter`); :func:`check_page_params` checks them on every
+run, before the page reads them, and drops a bad one after saying so. The *Model and traces*
+expander follows :mod:`ui.workshop`'s rule: a free-form model path only on a loopback server
+outside workshop mode, else a select box of the models the server offers.
 """
 from __future__ import annotations
 
@@ -13,7 +19,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from pagedkv_core.config import SettingSpec, setting_spec
+from pagedkv_core.config import ConfigError, SettingSpec, setting_spec
+from ui import sessions, workshop
 
 # The block sizes the sidebar offers: the powers of two up to 128, a subset of the engine's bound.
 BLOCK_SIZES = [1 << i for i in range(8)]
@@ -96,6 +103,7 @@ SETTINGS = [
     Setting("contiguous_policy", "max", _policy),  # which contiguous baseline runs beside paged
     Setting("workload", "explainer40", _workload),
     Setting("source", "scripted", _one_of(list(SOURCES))),
+    Setting("dtype", "float32", _one_of(["float32", "bfloat16"])),  # the CPU model's precision (ui.models.runner_dtype)
     _engine("seed", _whole),
 ]
 BY_KEY = {s.key: s for s in SETTINGS}
@@ -136,6 +144,37 @@ def load_from_url() -> list[str]:
                 problems.append(f"URL parameter {reason}; using {_default_text(s)}")
     st.session_state["_settings_from_url_done"] = True
     st.session_state["_url_problems"] = problems
+    return problems
+
+
+# The pages' own query parameters: name -> (check raising ValueError, what happens without it).
+PAGE_PARAMS = {
+    "guide": (lambda text: _bool(text), "the guide stays off"),
+    "present": (lambda text: _bool(text), "presenter mode stays off"),
+    "guide_step": (lambda text: _step_number(text), "the guide opens at its first step"),
+}
+
+
+def _step_number(text: str) -> int:
+    """A guide step from the URL: ASCII digits only (``"²".isdigit()`` is True, ``int("²")``
+    fails), at least 1, and short enough to be a step."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6) or int(text) < 1:
+        raise ValueError(f"must be a whole number from 1, got {text!r}")
+    return int(text)
+
+
+def check_page_params() -> list[str]:
+    """Drop the pages' query parameters that do not parse (every run: a page reads them on its
+    first run, and a link may switch pages). Returns the problems found."""
+    problems = []
+    for name, (check, fallback) in PAGE_PARAMS.items():
+        if name not in st.query_params:
+            continue
+        try:
+            check(st.query_params[name])
+        except ValueError as exc:
+            problems.append(f"URL parameter {name}: {exc}; {fallback}")
+            del st.query_params[name]
     return problems
 
 
@@ -212,8 +251,10 @@ def sidebar() -> None:
     """Draw the engine settings. Every page reads them from st.session_state on its next run."""
     from pagedkv_core.workloads import WORKLOADS
 
-    for problem in load_from_url():
+    for problem in load_from_url() + check_page_params():
         st.error(problem)
+    if st.session_state.get("source") == "model" and not sessions.claim_model_seat():
+        st.session_state["source"] = "scripted"  # before the radio is drawn: the widget shows it
     pool, watermark, preemption = setting_spec("pool_slots"), setting_spec("watermark"), setting_spec("preemption")
     swap, seed = setting_spec("swap_slots"), setting_spec("seed")
     sb = st.sidebar
@@ -248,9 +289,12 @@ def sidebar() -> None:
 
         sb.caption(workload_description(current("workload")))
     sb.file_uploader("…or a workload file (.json or .csv)", type=["json", "csv", "gz"], key="workload_upload",
+                     max_upload_size=workshop.upload_cap_mb(),
                      help='A JSON list of {"id", "prompt" or "prompt_len", "output_len", "max_tokens", "arrival_step", "n"}, '
                           "or a request trace: a CSV (or .csv.gz) with the columns TIMESTAMP, ContextTokens and "
                           "GeneratedTokens, one request per row (Azure's LLM inference traces have them).")
+    if upload is not None:
+        report_rejections(sb)
     if upload is not None and is_trace_csv(upload.name):
         for k, v in CSV_DEFAULTS.items():
             st.session_state.setdefault(k, v)
@@ -265,10 +309,56 @@ def sidebar() -> None:
                           help="2 = the requests arrive twice as densely as in the trace.")
     sb.radio("Token source", list(SOURCES), key="source", format_func=SOURCES.get,
              help="Scripted plays hundreds of steps instantly; SmolLM2 runs the real model and shows real text.")
+    from ui.models import DTYPES, bf16_offered
+
+    if bf16_offered():  # only where the CPU computes bf16 natively (AVX512-BF16 or AMX)
+        sb.radio("Model precision", DTYPES, key="dtype", horizontal=True,
+                 help="bfloat16 runs SmolLM2 about twice as fast on this CPU; its text may differ from float32's "
+                      "after a few dozen tokens. float32 matches transformers token for token.")
     sb.number_input("Seed", min_value=seed.lo, max_value=seed.hi, step=1, key="seed")
     with sb.expander("Model and traces"):
-        st.text_input("Model (blank = bundled SmolLM2-135M)", key="model_path",
-                      help="A local Llama-family model directory or .gguf file.")
+        model_box()
         st.file_uploader("Replay a trace (.jsonl)", type=["jsonl", "json"], key="trace_upload",
+                         max_upload_size=workshop.upload_cap_mb(),
                          help="A trace downloaded from a page or written by `python -m pagedkv_core simulate --trace-out`.")
     write_to_url()
+
+
+def model_box() -> None:
+    """The model to load: a free-form path on a loopback server outside workshop mode; else a
+    select box of the bundled model and PAGEDKV_MODEL_DIR's models (see :mod:`ui.workshop`), and
+    a ``model_path`` in the session that is not one of them falls back to the bundled model."""
+    if workshop.free_model_paths(st.get_option("server.address")):
+        st.text_input("Model (blank = bundled SmolLM2-135M)", key="model_path",
+                      help="A local Llama-family model directory or .gguf file.")
+        return
+    choices = workshop.model_choices()
+    if st.session_state.get("model_path", "") not in choices:
+        st.session_state["model_path"] = ""
+    folder = workshop.model_dir()
+    st.selectbox("Model", list(choices), key="model_path", format_func=choices.get,
+                 help="The models this server offers: the bundled SmolLM2"
+                      + (f" and those in {folder.name}/ ({workshop.ENV_MODEL_DIR})." if folder else
+                         f"; more can be offered in a folder named by {workshop.ENV_MODEL_DIR}."))
+
+
+MAX_REJECTIONS_SHOWN = 3
+
+
+def report_rejections(where) -> None:
+    """A warning under the workload uploader when requests of the uploaded file are rejected
+    (each for its own reason, while the others run). A file-level error is the page's to show."""
+    from ui.runs import current_workload
+
+    try:
+        workload = current_workload()
+    except ConfigError:
+        return
+    rejected = [r for r in workload.requests if r.reject_reason is not None]
+    if not rejected:
+        return
+    shown = "; ".join(f"{r.id!r}: {r.reject_reason}" for r in rejected[:MAX_REJECTIONS_SHOWN])
+    more = f"; and {len(rejected) - MAX_REJECTIONS_SHOWN:,} more" if len(rejected) > MAX_REJECTIONS_SHOWN else ""
+    count = (f"Every request in {workload.name} is rejected" if len(rejected) == len(workload.requests) else
+             f"{len(rejected):,} of {len(workload.requests):,} requests in {workload.name} are rejected (the others run)")
+    where.warning(f"{count}: {shown}{more}.")

@@ -44,7 +44,11 @@ class TimedRun(Run):
 
     bytes_per_block: int = 0
     wall_s: list[float] = field(default_factory=list)
-    outputs: list[dict[str, list[list[int]]]] = field(default_factory=list)
+    # Each sample's tokens are kept once, appended as the engine emits them; per step only their
+    # lengths are kept, so the history grows with what each step added (a token per sample), not
+    # with every answer again at every step.
+    tokens: dict[str, list[list[int]]] = field(default_factory=dict)  # request id -> sample -> tokens
+    lengths: list[dict[str, tuple[int, ...]]] = field(default_factory=list)  # per step: request id -> lengths
     requests: dict[str, RequestInfo] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)  # request id -> reason
 
@@ -68,8 +72,14 @@ class TimedRun(Run):
         for o in outs:
             if o.reject_reason:
                 self.rejected[o.request_id] = o.reject_reason
+            samples = self.tokens.setdefault(o.request_id, [[] for _ in range(self.requests[o.request_id].n)]
+                                             if o.request_id in self.requests else [])
+            for c in o.outputs:
+                while len(samples) <= c.index:
+                    samples.append([])
+                samples[c.index].extend(c.new_token_ids)  # only what this step added
         self.append(snap)
-        self.outputs.append({rid: [list(ids) for ids in eng.get_request(rid).output_token_ids] for rid in self.requests})
+        self.lengths.append({rid: tuple(len(t) for t in samples) for rid, samples in self.tokens.items()})
         self.done = not eng.has_unfinished()
         return snap
 
@@ -103,14 +113,20 @@ class TimedRun(Run):
         return sum(self.wall_s[i] - base for i in steps if i < len(self.wall_s))
 
     def outputs_at(self, step: int) -> dict[str, list[list[int]]]:
-        if not self.outputs:
+        """Every sample's output tokens as they were after ``step`` (clamped like :meth:`at`)."""
+        if not self.lengths:
             return {rid: [[] for _ in range(r.n)] for rid, r in self.requests.items()}
-        out = self.outputs[max(0, min(step, len(self.outputs) - 1))]
-        return {rid: out.get(rid, [[] for _ in range(r.n)]) for rid, r in self.requests.items()}
+        lens = self.lengths[max(0, min(step, len(self.lengths) - 1))]
+        out = {}
+        for rid, r in self.requests.items():
+            n = lens.get(rid, ())
+            samples = self.tokens.get(rid, [])
+            out[rid] = [samples[i][: n[i]] if i < len(n) else [] for i in range(max(r.n, len(n)))]
+        return out
 
     def first_token_step(self, request_id: str) -> int | None:
-        for i, out in enumerate(self.outputs):
-            if any(out.get(request_id) or []):
+        for i, lens in enumerate(self.lengths):
+            if any(lens.get(request_id, ())):
                 return i
         return None
 
@@ -149,7 +165,7 @@ class TimedRun(Run):
         return []
 
     def output_ids(self, request_id: str) -> list[list[int]]:
-        return self.outputs_at(len(self.outputs) - 1)[request_id] if self.outputs else []
+        return self.outputs_at(len(self.lengths) - 1)[request_id] if self.lengths else []
 
     # ------------------------------------------------------------------ pressure
     # ``upto``: count the steps up to and including it only (None: the whole run).

@@ -132,6 +132,7 @@ class ModelRunner:
             self.model = LlamaModel(hf, self.device, self.dtype, release_source=release_source)
         self.kv_shape = KVShape.from_config(self.config, name=getattr(loaded_model, "name", None))
         self.max_model_len = int(self.model.max_position)
+        self.vocab_size = int(self.model.vocab_size)  # the engine rejects prompt ids at or past it
         eos = getattr(getattr(hf, "generation_config", None), "eos_token_id", None)
         if eos is None:
             eos = getattr(self.config, "eos_token_id", None)

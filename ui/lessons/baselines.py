@@ -14,7 +14,8 @@ import streamlit as st
 from pagedkv_core.allocator import CONTIGUOUS_POLICIES
 from pagedkv_core.waste import CLASSES
 from pagedkv_core.workloads import Workload
-from ui import export, pool_view, settings
+from ui import export, pool_view, predict, settings
+from ui.predict import Prediction
 from ui.figures import LEGEND
 from ui.runs import BASELINE_LABELS, RESERVES, Run, current_workload, named_workload, report_stops, scripted_runs
 
@@ -175,6 +176,31 @@ def pools(runs: list[Run], step: int) -> None:
                                  key=f"{KEY}_heat_{run.allocator}", window=window, height=340)
 
 
+def predictions(runs: list[Run]) -> list[Prediction]:
+    """Two questions the four runs answer: which reserve-ahead baseline wastes most, and how much
+    of the memory paging holds in use is real K/V."""
+    by = {r.allocator: r for r in runs}
+    contiguous = [r for r in runs if r.kind == "contiguous"]
+    worst = min(contiguous, key=lambda r: r.waste["token_share"])
+    paged = by["paged"]
+    share = paged.waste["token_share"]
+    ranges = [("under 50%", 0.5), ("50-75%", 0.75), ("75-90%", 0.9), ("90% or more", 2.0)]
+    return [
+        Prediction(
+            "base_worst", "Predict: which of the three reserve-ahead baselines keeps the smallest share of its "
+            "allocated memory filled with tokens?", answer=BASELINE_LABELS[worst.allocator],
+            options=tuple(BASELINE_LABELS[r.allocator] for r in contiguous),
+            why=f"{BASELINE_LABELS[worst.allocator]} holds tokens in {worst.waste['token_share']:.1%} of what it has "
+                f"allocated: it reserves room for the longest answer a request may write, and "
+                f"{worst.waste['internal']:.1%} of the pool is reserved but never written (internal waste)."),
+        Prediction(
+            "base_paged_share", "Predict: of the memory the paged allocator has in use, what share holds real K/V?",
+            why=f"{share:.1%}: blocks are taken as tokens arrive, so the only waste is the unfilled end of each "
+                f"sequence's last block ({paged.waste['internal']:.1%} of the pool) and the one block a running "
+                "sequence is about to write.", **predict.range_options(share, ranges)),
+    ]
+
+
 def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool) -> None:
     report_stops(runs)
     n = max(r.num_steps for r in runs)
@@ -190,6 +216,12 @@ def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool)
                           "where paging runs the most requests at once.")
     pools(runs, step)
     st.caption(LEGEND)
+    st.subheader("Before the numbers: predict")
+    answers = [predict.ask(p, KEY) for p in predictions(runs)]
+    st.caption(predict.score_text())
+    if any(a is None for a in answers) and not st.toggle("Show the measured breakdown now", key=f"{KEY}_show"):
+        st.info("Answer both questions (or flip the switch) to see the measured breakdown of all four allocators.")
+        return
     st.plotly_chart(waste_figure(runs), width="stretch", key=f"{KEY}_waste", config=export.png_config(f"{KEY}-waste"))
     st.plotly_chart(token_share_figure(runs), width="stretch", key=f"{KEY}_token_share",
                     config=export.png_config(f"{KEY}-token-share"))

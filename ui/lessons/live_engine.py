@@ -282,7 +282,11 @@ def explore(view: LiveView, make: EngineFactory) -> None:
     except ConfigError as exc:
         st.error(str(exc))
         st.stop()
-    rec = live_recording(config, make)
+    try:
+        rec = live_recording(config, make)
+    except ConfigError as exc:  # the real-model pool would not fit the session's memory budget
+        st.error(str(exc))
+        st.stop()
     submit_form(rec, make.tokenizer)
     c = st.columns([6, 1.3])
     c[0].caption(f"Engine: blocks of {config.block_size}, {config.pool_slots:,} slots, watermark {config.watermark:.0%}, "

@@ -9,7 +9,7 @@ from pagedkv_core.workloads import build_workload
 from ui import export, guide, player, pool_view, presenter
 from ui.figures import LEGEND, free_pool_heatmap, snapshot_heatmap, step_curves
 from ui.predict import Prediction, range_options
-from ui.runs import REAL_MAX_TOKENS, Run, allocator_title, live_texts, scripted_pair, step_live
+from ui.runs import REAL_MAX_TOKENS, Run, advance_live, allocator_title, live_texts, scripted_pair
 
 KEY = "rop"
 GUIDE_HELP = "A fixed walkthrough of explainer40 (2,048 slots, block size 16, seed 0) with Next / Previous."
@@ -221,8 +221,11 @@ def explore(runs: list[Run]) -> None:
 
     @st.fragment(run_every=player.interval(KEY))
     def show() -> None:
-        if live and player.is_playing(KEY):
-            step_live(runs, int(st.session_state.get(f"{KEY}_step", 0)))
+        if live:  # the engines step on their own thread; this asks for the steps to show next
+            shown, playing = int(st.session_state.get(f"{KEY}_step", 0)), player.is_playing(KEY)
+            # Play: the step after the one shown, and a second's worth more computed while this draws.
+            # Step asked for the step after the last recorded: that one only. Paused: nothing more.
+            advance_live(runs, shown + 1 if playing else shown, ahead=player.speed(KEY) if playing else 0)
         n = max(r.num_steps for r in runs)
         step = player.tick(KEY, n, can_grow=live)
         player.slider(KEY, n, runs=runs)

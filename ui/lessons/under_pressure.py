@@ -1,6 +1,12 @@
 """Lesson 4, under pressure: the same load spike on a pool too small for it, run twice on the real
 model, once preempting by swap and once by recompute. The scenario, the costs read from both runs
-(bytes moved, tokens recomputed, measured step times), the drawing, and the guide's narration."""
+(bytes moved, tokens recomputed, measured step times), the drawing, and the guide's narration and
+predictions.
+
+The two runs are stepped in turn (:func:`pressure_pair`), so the machine's load weighs on both
+alike, and which mode is cheaper is decided by the work each did at this machine's measured copy
+bandwidth and FLOP rate (:mod:`ui.costs`), not by two wall-clock totals that a busy neighbour can
+skew 30-fold."""
 from __future__ import annotations
 
 import streamlit as st
@@ -89,9 +95,13 @@ def recorded_runs(block_size: int, pool_slots: int, watermark: float, prefix_cac
     except ConfigError as exc:
         st.error(str(exc))
         st.stop()
-    recs = cached(pressure_pair, configs["swap"], configs["recompute"],
-                  spinner="Running the spike with swap and with recompute on SmolLM2, a step of each in turn "
-                          "(about 50 steps each)…")
+    try:
+        recs = cached(pressure_pair, configs["swap"], configs["recompute"],
+                      spinner="Running the spike with swap and with recompute on SmolLM2, a step of each in turn "
+                              "(about 50 steps each)…")
+    except ConfigError as exc:  # the pools would not fit the memory budget (BudgetError)
+        st.error(str(exc))
+        st.stop()
     if recs is None:
         st.stop()
     for m, rec in recs.items():

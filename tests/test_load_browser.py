@@ -1,0 +1,214 @@
+"""A classroom on loopback: many browser sessions on one app server, in Debian Chromium.
+
+- 20 sessions at once open the Reserve-or-page lesson on the scripted source and press Play:
+  every one advances, none shows an exception, and the server's resident memory stays under
+  :data:`PEAK_RSS_MB`.
+- 30 sessions are opened and closed (each plays for a few seconds): once Streamlit's reconnect
+  window has passed, the server's memory comes back to within :data:`RETURN_MB` of where it was
+  after a first warm-up session (which fills the process-wide caches every later visitor
+  shares: imports, the scripted runs, the page scripts).
+
+One browser, a context per session (a context is a fresh profile: its own cookies and its own
+Streamlit session). The server is ``python -m ui.serve`` on a free 127.0.0.1 port, with a short
+``server.disconnectedSessionTTL`` so that closed sessions expire within the test; it is killed at
+the end. Memory is the server's VmRSS from /proc. Every wait is bounded, and the whole test is
+under a hard alarm.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, IDLE, ROOT, free_port
+
+pytestmark = pytest.mark.browser
+
+PAGE = "reserve-or-page"
+SESSIONS = 20
+CLOSED_SESSIONS = 30
+BATCH = 5  # sessions of the open-and-close test at once
+PLAY_S = 3.0  # how long each session of the open-and-close test plays
+# Measured on the 2-core test machine: about 70 MiB before any session, 108 MiB after the first,
+# 127-135 MiB while 20 sessions play. The bound leaves room for a busier machine's slower ticks
+# (more fragment runs in flight at once), not for a session's state that is never freed.
+PEAK_RSS_MB = 300
+RETURN_MB = 50
+SESSION_TTL_S = 5  # server.disconnectedSessionTTL for the test (Streamlit's default is 120)
+HARD_TIMEOUT_S = 300
+WAIT_MS = 120_000  # one page's load on a machine shared with other tests
+STEP_INPUT = '[data-testid="stMain"] [data-testid="stSlider"] input[aria-label="Step"]'
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+@contextlib.contextmanager
+def hard_timeout(seconds: int):
+    """Raise TimeoutError in the test if it runs past ``seconds`` (the cleanup still runs)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"the load test ran past its {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def app_server(*options: str, timeout: float = 120.0):
+    """(base URL, server pid) of ``python -m ui.serve`` on a free loopback port; killed on exit."""
+    port = free_port()
+    log_dir = ROOT / ".pytest_cache"
+    log = open(log_dir / f"load-{port}.log", "w") if log_dir.is_dir() else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ui.serve", "--server.port", str(port), "--server.address", "127.0.0.1",
+         "--server.headless", "true", *options],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PAGEDKV_WORKSHOP": "0"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the app exited with {proc.returncode}")
+            with contextlib.suppress(OSError):
+                if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the app did not become healthy")
+            time.sleep(0.3)
+        yield url, proc.pid
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+
+@contextlib.contextmanager
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium package (make test does, as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Session:
+    """One visitor: a fresh browser context on the pool page."""
+
+    def __init__(self, browser, url: str):
+        self.context = browser.new_context(viewport={"width": 900, "height": 700})
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(WAIT_MS)
+        self.page.goto(f"{url}/{PAGE}", wait_until="commit")
+
+    def wait_ready(self) -> None:
+        """The first run has finished and drawn the step slider."""
+        self.page.wait_for_selector('[data-testid="stApp"]')
+        self.page.wait_for_timeout(300)
+        self.page.wait_for_selector(IDLE)
+        self.page.locator(STEP_INPUT).wait_for(state="attached")
+
+    def step(self) -> int:
+        return int(self.page.locator(STEP_INPUT).get_attribute("value"))
+
+    def play(self) -> None:
+        self.page.get_by_role("button", name="Play").click()
+
+    def pause(self) -> None:
+        self.page.get_by_role("button", name="Pause").click()
+
+    def exceptions(self) -> int:
+        return self.page.locator('[data-testid="stException"]').count()
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def test_twenty_sessions_play_at_once_within_a_memory_bound():
+    with hard_timeout(HARD_TIMEOUT_S), app_server() as (url, pid), browser() as b:
+        start = time.monotonic()
+        sessions = [Session(b, url) for _ in range(SESSIONS)]
+        for s in sessions:
+            s.wait_ready()
+        loaded = time.monotonic() - start
+        before = [s.step() for s in sessions]
+        peak = rss_mb(pid)
+        for s in sessions:
+            s.play()
+        waiting = set(range(SESSIONS))
+        deadline = time.monotonic() + 90
+        while waiting and time.monotonic() < deadline:
+            for i in sorted(waiting):
+                if sessions[i].step() > before[i]:
+                    waiting.discard(i)
+                    sessions[i].pause()  # seen advancing: its redraws would only slow the others down
+            peak = max(peak, rss_mb(pid))
+            time.sleep(0.5)
+        played = time.monotonic() - start - loaded
+        peak = max(peak, rss_mb(pid))
+        errors = [i for i, s in enumerate(sessions) if s.exceptions()]
+        for s in sessions:
+            s.close()
+        print(f"\n{SESSIONS} sessions: loaded in {loaded:.0f} s, all advancing after {played:.0f} s more; "
+              f"server RSS peak {peak:.0f} MiB")
+        assert not waiting, f"sessions {sorted(waiting)} did not advance from {[before[i] for i in sorted(waiting)]}"
+        assert not errors, f"sessions {errors} show an exception"
+        assert peak < PEAK_RSS_MB, f"server RSS peaked at {peak:.0f} MiB, over {PEAK_RSS_MB} MiB"
+
+
+def test_closed_sessions_give_their_memory_back():
+    with hard_timeout(HARD_TIMEOUT_S), \
+            app_server("--server.disconnectedSessionTTL", str(SESSION_TTL_S)) as (url, pid), browser() as b:
+        cold = rss_mb(pid)
+        warm = Session(b, url)
+        warm.wait_ready()
+        warm.close()
+        time.sleep(1)
+        baseline = rss_mb(pid)
+        peak = baseline
+        for _ in range(CLOSED_SESSIONS // BATCH):
+            batch = [Session(b, url) for _ in range(BATCH)]
+            for s in batch:
+                s.wait_ready()
+            for s in batch:
+                s.play()
+            time.sleep(PLAY_S)
+            peak = max(peak, rss_mb(pid))
+            assert not any(s.exceptions() for s in batch)
+            for s in batch:
+                s.close()
+        closed = rss_mb(pid)
+        # The janitor sweeps every 5 s and clears a session once it has been away longer than the
+        # TTL and a margin of 5 s: give it three sweeps past that.
+        deadline = time.monotonic() + SESSION_TTL_S + 30
+        after = rss_mb(pid)
+        while after > baseline + RETURN_MB and time.monotonic() < deadline:
+            time.sleep(1)
+            after = rss_mb(pid)
+        print(f"\nserver RSS: {cold:.0f} MiB cold, {baseline:.0f} MiB after a warm-up session, peak {peak:.0f} MiB "
+              f"during {CLOSED_SESSIONS} sessions, {closed:.0f} MiB as the last closed, {after:.0f} MiB after cleanup")
+        assert after <= baseline + RETURN_MB, (
+            f"server RSS {after:.0f} MiB is {after - baseline:.0f} MiB over the {baseline:.0f} MiB it started at")

@@ -16,8 +16,9 @@ pool, or one contiguous run of slots each); what it exposes is:
   with ``take_changes`` naming what changed since the last call (recordings store only that);
 - ``check_invariants``, which every allocator has and the tests call after every step.
 
-Collaborators come in through the constructor: ``cls(config, events, max_model_len)``, where
-``events`` is the engine's one chronological event list for the step.
+Collaborators come in through the constructor: ``cls(config, events, max_model_len,
+track_changes)``, where ``events`` is the engine's one chronological event list for the step and
+``track_changes`` says whether anyone records the run (a change log costs a little every write).
 
 Adding an allocator is one file and one line in :data:`ALLOCATORS` below.
 """
@@ -66,7 +67,8 @@ class Allocator(Protocol):
     block_fill: np.ndarray
     block_hash: np.ndarray
 
-    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None) -> None: ...
+    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None,
+                 track_changes: bool = True) -> None: ...
 
     # admission ------------------------------------------------------------------------
     def rejection_reason(self, prompt_len: int, max_tokens: int, output_len: int | None = None) -> str | None:
@@ -102,6 +104,10 @@ class Allocator(Protocol):
     def table_view(self, seq: Sequence, context_len: int) -> range | list[int]:
         """What a token source reads as the block table of ``[0, context_len)``: cheap to
         make every step (contiguous layouts give a ``range``, never a list of every slot)."""
+
+    def seq_layout(self, seqs: list[Sequence]) -> tuple[list[int], list[int] | None, list | None]:
+        """For snapshots, in one pass over ``seqs``: what :meth:`num_blocks_of`,
+        :meth:`reserved_start` (None: -1 for all) and :meth:`block_table` (None: no tables) give."""
 
     def num_blocks_of(self, seq: Sequence) -> int:
         """Blocks in the sequence's table (contiguous: its reserved slots)."""
@@ -147,5 +153,6 @@ def allocator_kind(name: str) -> str:
     return allocator_class(name).kind
 
 
-def build_allocator(config: EngineConfig, events: list[Event], max_model_len: int) -> Allocator:
-    return allocator_class(config.allocator)(config, events, max_model_len)
+def build_allocator(config: EngineConfig, events: list[Event], max_model_len: int, track_changes: bool = True) -> Allocator:
+    """``track_changes``: keep the change log a recording reads (off when nothing records)."""
+    return allocator_class(config.allocator)(config, events, max_model_len, track_changes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .block_pool import Block, BlockPool, HostPool
-from .changes import ChangeLog
+from .changes import change_log
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ class BlockManager:
     fragmented_slots = 0  # blocks need no consecutive run: no external fragmentation
     largest_free_run = 0
 
-    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None):
+    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None,
+                 track_changes: bool = True):
         self.block_size = bs = config.block_size
         self.max_model_len = config.max_model_len if max_model_len is None else max_model_len
         self.num_blocks = nb = config.num_blocks
@@ -62,7 +63,7 @@ class BlockManager:
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.events = [] if events is None else events
-        self.changes = ChangeLog(bs)
+        self.changes = change_log(track_changes, bs)  # what a recording stores; nothing when none records
         # Display arrays, updated in place; every write marks its block in ``changes``.
         self.slot_state = np.zeros(self.num_slots, dtype=np.int8)
         self.slot_owner = np.full(self.num_slots, -1, dtype=np.int32)
@@ -103,6 +104,13 @@ class BlockManager:
         if context_len is None:
             return list(table)
         return table[: cdiv(context_len, self.block_size)]
+
+    def seq_layout(self, seqs: list[Sequence]) -> tuple[list[int], list[int] | None, list]:
+        """For a snapshot, in one pass: blocks per sequence, reserved starts (None: none here)
+        and the block tables (live lists: read them before the next step)."""
+        get = self.tables.get
+        tables = [get(s.seq_id, ()) for s in seqs]
+        return [len(t) for t in tables], None, tables
 
     def table_view(self, seq: Sequence, context_len: int) -> list[int]:
         return self.tables[seq.seq_id][: cdiv(context_len, self.block_size)]

@@ -49,3 +49,28 @@ class ChangeLog:
         out = Changes(self._slots, self._blocks, self._tables)
         self._slots, self._blocks, self._tables = [], [], set()
         return out
+
+
+class NoChangeLog:
+    """What an allocator keeps when nobody records the run: nothing (every mark is a no-op)."""
+
+    __slots__ = ()
+
+    def table(self, seq_id: int) -> None:
+        pass
+
+    def slots(self, lo: int, hi: int) -> None:
+        pass
+
+    def block(self, b: int) -> None:
+        pass
+
+    def block_and_slot(self, b: int, slot: int) -> None:
+        pass
+
+    def take(self) -> Changes:
+        return Changes([], [], set())
+
+
+def change_log(track: bool, slots_per_block: int = 1) -> ChangeLog | NoChangeLog:
+    return ChangeLog(slots_per_block) if track else NoChangeLog()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .config import EngineConfig
-from .changes import ChangeLog
+from .changes import change_log
 from .events import ALLOCATE, Event
 from .sequence import Sequence
 from .slot_state import SlotState
@@ -44,7 +44,8 @@ class ContiguousAllocator:
     num_blocks = 0  # no blocks: snapshots show this allocator per slot
     host_used_blocks = 0
 
-    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None):
+    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None,
+                 track_changes: bool = True):
         self.num_slots = config.pool_slots
         self.max_model_len = config.max_model_len if max_model_len is None else max_model_len
         self.free_starts: list[int] = [0]  # free runs, sorted by start, never adjacent
@@ -55,7 +56,7 @@ class ContiguousAllocator:
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.events = [] if events is None else events
-        self.changes = ChangeLog()
+        self.changes = change_log(track_changes)  # what a recording stores; nothing when none records
         self.slot_state = np.zeros(self.num_slots, dtype=np.int8)
         self.slot_owner = np.full(self.num_slots, -1, dtype=np.int32)
         self.slot_token = np.full(self.num_slots, -1, dtype=np.int32)
@@ -104,6 +105,12 @@ class ContiguousAllocator:
         start, length = self.reservations[seq.seq_id]
         n = length if context_len is None else context_len
         return list(range(start, start + n))
+
+    def seq_layout(self, seqs: list[Sequence]) -> tuple[list[int], list[int], None]:
+        """For a snapshot, in one pass: reserved slots and first reserved slot per sequence."""
+        get = self.reservations.get
+        rows = [get(s.seq_id, (-1, 0)) for s in seqs]
+        return [r[1] for r in rows], [r[0] for r in rows], None
 
     def table_view(self, seq: Sequence, context_len: int) -> range:
         """The block table a token source reads, without building it: a run of slot ids."""

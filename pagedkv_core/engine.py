@@ -46,7 +46,7 @@ class Engine:
         self.source = source
         self.max_model_len = min(config.max_model_len, int(source.max_model_len))
         self._events: list[Event] = []  # one chronological list per step: scheduler and allocator append
-        self.allocator = build_allocator(config, self._events, self.max_model_len)
+        self.allocator = build_allocator(config, self._events, self.max_model_len, track_changes=recording is not None)
         self.scheduler = Scheduler(config, self.allocator, self._events, source.eos_token_id, self.max_model_len)
         self.vocab_size = int(source.vocab_size)  # prompt ids at or past it are rejected
         self.recording = recording
@@ -274,12 +274,7 @@ class Engine:
         return RunSummary.of(
             self.stats,
             self.scheduler.totals,
-            allocator=cfg.allocator,
-            block_size=cfg.block_size,
-            pool_slots=cfg.pool_slots,
-            preemption=cfg.preemption,
-            watermark=cfg.watermark,
-            prefix_caching=cfg.prefix_caching,
+            **{name: getattr(cfg, name) for name in RunSummary.CONFIG_FIELDS},
             requests=len(self.requests),
             finished=self.num_finished,
             rejected=list(self._rejected),

@@ -138,6 +138,8 @@ class RunStats:
 class RunSummary:
     """The figures of one run (the ``simulate --json`` object). Build it with :meth:`of`."""
 
+    CONFIG_FIELDS = ("allocator", "block_size", "pool_slots", "preemption", "watermark", "prefix_caching")  # from EngineConfig
+
     allocator: str
     block_size: int
     pool_slots: int

@@ -200,21 +200,20 @@ def seq_arrays(allocator, scheduler) -> dict:
     running, waiting, swapped = scheduler.running, scheduler.waiting, scheduler.swapped
     seqs = running + waiting + swapped
     n = len(seqs)
-    paged = allocator.kind == "paged"
-    num_blocks = [allocator.num_blocks_of(s) for s in seqs]
+    num_blocks, reserved, tables = allocator.seq_layout(seqs)
+    if reserved is None:
+        reserved = [-1] * n
     offsets = np.zeros(n + 1, dtype=np.int32)
-    if paged and n:
+    if tables is not None and n:
         np.cumsum(num_blocks, out=offsets[1:])
-        flat = np.fromiter(chain.from_iterable(allocator.block_table(s) for s in seqs), dtype=np.int32,
-                           count=int(offsets[-1]))
+        flat = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=int(offsets[-1]))
     else:
         flat = _empty(np.int32)
     if n:
         rows = np.array(
             [
-                (s.seq_id, s.request.index, s.sample_index, s.status, len(s.token_ids), s.num_computed, nb,
-                 allocator.reserved_start(s))
-                for s, nb in zip(seqs, num_blocks)
+                (s.seq_id, s.request.index, s.sample_index, s.status, len(s.token_ids), s.num_computed, nb, r)
+                for s, nb, r in zip(seqs, num_blocks, reserved)
             ],
             dtype=np.int32,
         ).T

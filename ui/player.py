@@ -53,7 +53,11 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
 
     def move(delta=None, to=None):
         cur = int(st.session_state.get(step_key, 0))
-        st.session_state[step_key] = max(0, min(last + (1 if can_grow and delta == 1 else 0), to if to is not None else cur + delta))
+        target = to if to is not None else cur + delta
+        # A live run has grown since these buttons were drawn (``last`` is that run's): Step forward
+        # asks for the next step, and the tick clamps it to what the run has recorded by then.
+        top = target if can_grow and delta == 1 else last
+        st.session_state[step_key] = max(0, min(top, target))
         if delta == 1:
             state["advance"] = True
 

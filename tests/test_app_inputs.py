@@ -207,3 +207,21 @@ def test_bad_input_gives_a_one_line_message_and_the_page_carries_on(case):
     assert any(case.fragment in m for m in shown), shown
     for m in messages(at, "error") + messages(at, "warning") + shown:
         assert "\n" not in m.strip() and "Traceback" not in m, m
+
+
+def test_a_lagging_browsers_stale_slider_does_not_stall_play():
+    """A browser slower than the ticks sends each fragment rerun with the slider where an earlier
+    tick put it: playback goes on from the latest step. A drag to a step not drawn is the student's."""
+    at = open_page(POOL_PAGE)
+    at.button(key="rop_play").click().run()
+    ticks = []
+    for _ in range(3):
+        at.run()  # a tick of the fragment's timer
+        ticks.append(at.slider(key="rop_step").value)
+    assert ticks == sorted(set(ticks)), ticks
+    at.slider(key="rop_step").set_value(ticks[0]).run()  # the echo of the first tick arrives late
+    assert not at.exception and at.slider(key="rop_step").value > ticks[-1]
+    at.slider(key="rop_step").set_value(ticks[-1] + 200).run()  # a drag while playing: play goes on from there
+    assert at.slider(key="rop_step").value == ticks[-1] + 200
+    at.run()
+    assert at.slider(key="rop_step").value > ticks[-1] + 200

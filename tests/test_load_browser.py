@@ -34,14 +34,14 @@ PAGE = "reserve-or-page"
 SESSIONS = 20
 CLOSED_SESSIONS = 30
 BATCH = 5  # sessions of the open-and-close test at once
-PLAY_S = 3.0  # how long each session of the open-and-close test plays
+PLAY_S = 2.0  # how long each session of the open-and-close test plays (at least: until it advanced)
 # Measured on the 2-core test machine: about 70 MiB before any session, 108 MiB after the first,
 # 127-135 MiB while 20 sessions play. The bound leaves room for a busier machine's slower ticks
 # (more fragment runs in flight at once), not for a session's state that is never freed.
 PEAK_RSS_MB = 300
 RETURN_MB = 50
 SESSION_TTL_S = 5  # server.disconnectedSessionTTL for the test (Streamlit's default is 120)
-HARD_TIMEOUT_S = 300
+HARD_TIMEOUT_S = 420  # a machine shared with other tests can be several times slower than an idle one
 WAIT_MS = 120_000  # one page's load on a machine shared with other tests
 STEP_INPUT = '[data-testid="stMain"] [data-testid="stSlider"] input[aria-label="Step"]'
 
@@ -137,9 +137,6 @@ class Session:
     def play(self) -> None:
         self.page.get_by_role("button", name="Play").click()
 
-    def pause(self) -> None:
-        self.page.get_by_role("button", name="Pause").click()
-
     def exceptions(self) -> int:
         return self.page.locator('[data-testid="stException"]').count()
 
@@ -147,7 +144,28 @@ class Session:
         self.context.close()
 
 
+def advance_and_close(sessions: list[Session], before: list[int], pid: int, deadline: float) -> tuple[list, list, float]:
+    """Poll the playing sessions in turn; close each one once its step has passed where it was
+    (after checking it shows no exception). Returns (sessions that never advanced, sessions that
+    showed an exception, the server's peak RSS meanwhile)."""
+    waiting = dict(enumerate(sessions))
+    errors, peak = [], rss_mb(pid)
+    while waiting and time.monotonic() < deadline:
+        for i, s in list(waiting.items()):
+            if s.step() > before[i]:
+                if s.exceptions():
+                    errors.append(i)
+                s.close()
+                del waiting[i]
+            peak = max(peak, rss_mb(pid))
+        time.sleep(0.2)
+    return sorted(waiting), errors, peak
+
+
 def test_twenty_sessions_play_at_once_within_a_memory_bound():
+    """All 20 sessions are connected and press Play, then each is closed once it is seen to
+    advance: a browser on two cores cannot go on redrawing 20 playing pages (one costs it about
+    2 CPU-seconds a second), and the server's side of a closed session is the other test's."""
     with hard_timeout(HARD_TIMEOUT_S), app_server() as (url, pid), browser() as b:
         start = time.monotonic()
         sessions = [Session(b, url) for _ in range(SESSIONS)]
@@ -155,28 +173,16 @@ def test_twenty_sessions_play_at_once_within_a_memory_bound():
             s.wait_ready()
         loaded = time.monotonic() - start
         before = [s.step() for s in sessions]
-        peak = rss_mb(pid)
+        loaded_rss = rss_mb(pid)
         for s in sessions:
             s.play()
-        waiting = set(range(SESSIONS))
-        deadline = time.monotonic() + 90
-        while waiting and time.monotonic() < deadline:
-            for i in sorted(waiting):
-                if sessions[i].step() > before[i]:
-                    waiting.discard(i)
-                    sessions[i].pause()  # seen advancing: its redraws would only slow the others down
-            peak = max(peak, rss_mb(pid))
-            time.sleep(0.5)
+        stuck, errors, peak = advance_and_close(sessions, before, pid, time.monotonic() + 120)
         played = time.monotonic() - start - loaded
-        peak = max(peak, rss_mb(pid))
-        errors = [i for i, s in enumerate(sessions) if s.exceptions()]
-        for s in sessions:
-            s.close()
-        print(f"\n{SESSIONS} sessions: loaded in {loaded:.0f} s, all advancing after {played:.0f} s more; "
-              f"server RSS peak {peak:.0f} MiB")
-        assert not waiting, f"sessions {sorted(waiting)} did not advance from {[before[i] for i in sorted(waiting)]}"
+        print(f"\n{SESSIONS} sessions: loaded in {loaded:.0f} s (server RSS {loaded_rss:.0f} MiB), every one seen "
+              f"advancing {played:.0f} s after Play; server RSS peak {max(peak, loaded_rss):.0f} MiB")
+        assert not stuck, f"sessions {stuck} did not advance from {[before[i] for i in stuck]}"
         assert not errors, f"sessions {errors} show an exception"
-        assert peak < PEAK_RSS_MB, f"server RSS peaked at {peak:.0f} MiB, over {PEAK_RSS_MB} MiB"
+        assert max(peak, loaded_rss) < PEAK_RSS_MB, f"server RSS peaked at {peak:.0f} MiB, over {PEAK_RSS_MB} MiB"
 
 
 def test_closed_sessions_give_their_memory_back():
@@ -187,28 +193,30 @@ def test_closed_sessions_give_their_memory_back():
         warm.wait_ready()
         warm.close()
         time.sleep(1)
-        baseline = rss_mb(pid)
-        peak = baseline
+        baseline = peak = rss_mb(pid)
+        start = time.monotonic()
         for _ in range(CLOSED_SESSIONS // BATCH):
             batch = [Session(b, url) for _ in range(BATCH)]
             for s in batch:
                 s.wait_ready()
+            before = [s.step() for s in batch]
             for s in batch:
                 s.play()
             time.sleep(PLAY_S)
-            peak = max(peak, rss_mb(pid))
-            assert not any(s.exceptions() for s in batch)
-            for s in batch:
-                s.close()
+            stuck, errors, batch_peak = advance_and_close(batch, before, pid, time.monotonic() + 60)
+            peak = max(peak, batch_peak)
+            assert not stuck and not errors, (stuck, errors)
         closed = rss_mb(pid)
+        opened = time.monotonic() - start
         # The janitor sweeps every 5 s and clears a session once it has been away longer than the
-        # TTL and a margin of 5 s: give it three sweeps past that.
+        # TTL and a margin of 5 s: give it a few sweeps past that.
         deadline = time.monotonic() + SESSION_TTL_S + 30
         after = rss_mb(pid)
         while after > baseline + RETURN_MB and time.monotonic() < deadline:
             time.sleep(1)
             after = rss_mb(pid)
         print(f"\nserver RSS: {cold:.0f} MiB cold, {baseline:.0f} MiB after a warm-up session, peak {peak:.0f} MiB "
-              f"during {CLOSED_SESSIONS} sessions, {closed:.0f} MiB as the last closed, {after:.0f} MiB after cleanup")
+              f"during {CLOSED_SESSIONS} sessions ({opened:.0f} s), {closed:.0f} MiB as the last closed, "
+              f"{after:.0f} MiB after cleanup")
         assert after <= baseline + RETURN_MB, (
             f"server RSS {after:.0f} MiB is {after - baseline:.0f} MiB over the {baseline:.0f} MiB it started at")

@@ -20,6 +20,10 @@ SPEEDS = (1, 50)  # steps per second, the control's range
 DEFAULT_SPEED = 10
 MIN_INTERVAL_S = 0.2  # at most five redraws a second
 MAX_CATCH_UP_S = 1.0  # a late tick (a busy machine, a paused tab) advances at most a second's worth
+# Positions a playing player remembers having drawn. A browser that is slower than the ticks sends
+# the next fragment rerun before it has drawn the last one, with the slider at a position drawn
+# earlier: that is an echo to play on from, not the student dragging the slider back.
+RECENT_DRAWN = 8
 
 
 def _state(key: str) -> dict:
@@ -118,14 +122,19 @@ def interval(key: str):
 def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
     """Called at the top of the fragment: while playing, advance :func:`steps_per_tick` steps
     (unless the student moved the slider since the last tick), clamp, and return the step to
-    show. Stops playing at the end of a finished run."""
+    show. Stops playing at the end of a finished run.
+
+    While playing, a slider at one of the last :data:`RECENT_DRAWN` positions drawn is a lagging
+    browser's echo: play goes on from the latest position, so that a busy server or browser slows
+    the playback down instead of stalling it (taken for drags, the echoes would hold it in place)."""
     step_key = f"{key}_step"
     state = _state(key)
     cur = int(st.session_state.get(step_key, 0))
+    drawn = state.setdefault("drawn", [])
     if state["playing"]:
         now = time.monotonic()
-        if state.get("ticked_at") == cur:
-            cur += steps_per_tick(speed(key), now - state.get("tick_time", now))
+        if state.get("ticked_at") == cur or cur in drawn:
+            cur = int(state.get("ticked_at", cur)) + steps_per_tick(speed(key), now - state.get("tick_time", now))
         state["tick_time"] = now
     last = max(0, num_steps - 1)
     if cur > last:
@@ -136,6 +145,11 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
             st.rerun()  # full rerun: the Play button turns back into Play and the timer stops
     st.session_state[step_key] = cur
     state["ticked_at"] = cur
+    if state["playing"]:
+        drawn.append(cur)
+        del drawn[:-RECENT_DRAWN]
+    else:
+        drawn.clear()  # paused: any position the slider holds is the student's
     return cur
 
 

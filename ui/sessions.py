@@ -13,24 +13,28 @@ k x cores threads, and oversubscribed teams slow every session down far more tha
 Memory. Streamlit keeps a disconnected session (its ``st.session_state`` with our live engines,
 recordings and uploads) for ``server.disconnectedSessionTTL`` seconds so that a reconnect after
 a network blip resumes it, then stops returning it; but it removes the expired session only on
-a later write to its store, and never clears its state itself. :class:`SessionJanitor`, a
-daemon thread, watches the sessions app.py registers (:func:`track`): a session that is not
+a later write to its store, and then never shuts it down (its uploaded files stay in the
+uploaded-file manager). Streamlit 1.67 has no hook for a session's end. :class:`SessionJanitor`,
+a daemon thread, watches the sessions app.py registers (:func:`track`): a session that is not
 connected gives its seat back at once; one that has stayed disconnected past the TTL has its
-state cleared, the expired sessions are reaped from Streamlit's store, and then
-``gc.collect()`` and glibc's ``malloc_trim(0)`` hand the freed pages back to the system (with
-``runner.postScriptGC`` off, nothing else would collect the cycles a run leaves).
+state cleared, its uploaded files and media dropped, the expired sessions reaped from
+Streamlit's store and shut down, and then ``gc.collect()`` and glibc's ``malloc_trim(0)`` hand
+the freed pages back to the system (with ``runner.postScriptGC`` off, nothing else would collect
+the cycles a run leaves; every script thread allocates from a malloc arena of its own).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import gc
+import logging
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+_LOG = logging.getLogger(__name__)
 SWEEP_EVERY_S = 5.0  # how often the janitor looks at the sessions
 MARGIN_S = 5.0  # past the TTL before a session's state is cleared (a script still stopping finishes)
 
@@ -80,11 +84,12 @@ class SessionJanitor:
 
     ``is_active(session_id)``: whether a browser is connected to the session now;
     ``ttl_s()``: how long a disconnected session may still be resumed; ``seats``: the seats to
-    release; ``reap()``: drop the sessions Streamlit has let expire; ``clock``: seconds.
+    release; ``reap(session_ids)``: let the server drop what it keeps of those gone sessions;
+    ``clock``: seconds.
     """
 
     def __init__(self, is_active: Callable[[str], bool], ttl_s: Callable[[], float], seats: Seats,
-                 reap: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic):
+                 reap: Callable[[list[str]], None] = lambda ids: None, clock: Callable[[], float] = time.monotonic):
         self._is_active = is_active
         self._ttl_s = ttl_s
         self._seats = seats
@@ -110,7 +115,7 @@ class SessionJanitor:
     def sweep(self) -> int:
         """One look at every tracked session; returns how many were cleared and forgotten."""
         now = self._clock()
-        gone: list[_Tracked] = []
+        gone: dict[str, _Tracked] = {}
         with self._lock:
             for sid, tracked in list(self._sessions.items()):
                 if self._is_active(sid):
@@ -120,12 +125,13 @@ class SessionJanitor:
                 if tracked.away_since is None:
                     tracked.away_since = now
                 elif now - tracked.away_since > self._ttl_s() + MARGIN_S:
-                    gone.append(self._sessions.pop(sid))
-        for tracked in gone:
+                    gone[sid] = self._sessions.pop(sid)
+        for tracked in gone.values():
             clear_state(tracked.state)
         if gone:
-            self._reap()
+            self._reap(list(gone))
             give_memory_back()
+            _LOG.info("gave back %d closed session(s); %d still tracked", len(gone), len(self._sessions))
         return len(gone)
 
     def start(self, every_s: float = SWEEP_EVERY_S) -> None:
@@ -143,7 +149,7 @@ class SessionJanitor:
             try:
                 self.sweep()
             except Exception:  # a janitor that dies would leak every later session: keep sweeping
-                pass
+                _LOG.exception("session sweep failed")
 
 
 def clear_state(state) -> None:
@@ -211,14 +217,30 @@ def janitor() -> SessionJanitor:
             import streamlit as st
             from streamlit.runtime import Runtime
 
-            from ui.streamlit_compat import reap_expired_sessions
-
             _JANITOR = SessionJanitor(
                 is_active=lambda sid: Runtime.exists() and Runtime.instance().is_active_session(sid),
                 ttl_s=lambda: float(st.get_option("server.disconnectedSessionTTL")),
-                seats=_SEATS, reap=reap_expired_sessions)
+                seats=_SEATS, reap=_reap)
             _JANITOR.start()
         return _JANITOR
+
+
+def _reap(session_ids: list[str]) -> None:
+    """What the server keeps of gone sessions: their uploaded files and media (also when
+    Streamlit's store evicted a session early, at its 128-session limit, without shutting it
+    down), then the expired sessions themselves (:func:`ui.streamlit_compat.reap_expired_sessions`)."""
+    from streamlit.runtime import Runtime
+
+    from ui.streamlit_compat import reap_expired_sessions
+
+    if not Runtime.exists():
+        return
+    runtime = Runtime.instance()
+    for sid in session_ids:
+        runtime.uploaded_file_mgr.remove_session_files(sid)
+        runtime.media_file_mgr.clear_session_refs(sid)
+    runtime.media_file_mgr.remove_orphaned_files()
+    reap_expired_sessions()
 
 
 def track() -> None:

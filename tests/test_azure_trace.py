@@ -199,3 +199,21 @@ def test_smollm2_replays_the_trace_lengths_exactly():
     longest = max((ids for ids, _ in reqs), key=len)  # 879 / 16 = 55 tokens: a chat turn
     text = llm.decode(longest, skip_special_tokens=False)
     assert text.endswith("<|im_start|>assistant\n") and " and " in text
+
+
+@pytest.mark.slow
+def test_live_pair_replays_the_traces_lengths_on_the_real_model():
+    """Reserve or page's SmolLM2 source with an azure-conv workload: the first 16 requests of the
+    shipped trace at 1/8 of their lengths, exact prompt lengths, answers of exactly the scaled
+    length (ignore_eos)."""
+    from pagedkv_core.model.loader import load_model
+    from pagedkv_core.workloads import DATA_DIR, read_trace_rows, scale_length
+    from ui.runs import LIVE_TRACE_SCALE, live_requests
+
+    tok = load_model(progress=lambda f, m: None).tokenizer
+    rows = read_trace_rows(DATA_DIR / "azure_conv_2023.csv", 0, 16)
+    reqs = live_requests(tok, True)
+    assert [r for r, _, _ in reqs] == [f"trace{i:02d}" for i in range(16)]
+    for row, (_, ids, sp) in zip(rows, reqs):
+        assert len(ids) == scale_length(row.prompt_len, LIVE_TRACE_SCALE)
+        assert sp.max_tokens == scale_length(row.answer_len, LIVE_TRACE_SCALE) and sp.ignore_eos

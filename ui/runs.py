@@ -449,6 +449,28 @@ def live_configs() -> list[EngineConfig]:
     return [settings_config(a, max_batch_tokens=LIVE_BATCH_TOKENS) for a in (contiguous_allocator(), "paged")]
 
 
+LIVE_TRACE_SCALE = 1 / 8  # trace lengths scaled so a CPU replays them live
+
+
+def live_requests(tokenizer, replay: bool) -> list[tuple[str, list[int], object]]:
+    """(request id, prompt ids, SamplingParams) of the live pair: the 16 chat prompts, or the
+    first 16 requests of the shipped Azure trace replayed at :data:`LIVE_TRACE_SCALE` (exact
+    prompt and answer lengths, ``ignore_eos``; Orca Pow2 and Oracle then reserve from the
+    answer's real length)."""
+    from pagedkv_core.prompts import CHAT_PROMPTS
+    from pagedkv_core.sampling import SamplingParams
+    from ui.models import chat_prompt
+
+    if replay:
+        from pagedkv_core.trace_prompts import trace_requests
+        from pagedkv_core.workloads import DATA_DIR, read_trace_rows
+
+        rows = read_trace_rows(DATA_DIR / "azure_conv_2023.csv", 0, len(CHAT_PROMPTS))
+        return [(f"trace{i:02d}", ids, sp) for i, (ids, sp) in enumerate(trace_requests(rows, tokenizer, LIVE_TRACE_SCALE))]
+    return [(f"chat{i:02d}", chat_prompt(tokenizer, text), SamplingParams(max_tokens=REAL_MAX_TOKENS))
+            for i, text in enumerate(CHAT_PROMPTS)]
+
+
 def live_pair() -> list[Run] | None:
     """The 16 chat prompts on the real model, the sidebar's contiguous baseline and paged side by
     side, stepped live by the page (:func:`advance_live`) on a thread of their own. Kept in the
@@ -460,10 +482,14 @@ def live_pair() -> list[Run] | None:
     from ui.models import chat_prompt, engine_factory, model_path, runner_dtype, token_text_lookup
 
     configs = live_configs()
-    if configs[0].allocator != "contiguous":
+    # An Azure-trace workload in the sidebar: replay its first 16 requests' lengths (x1/8) on
+    # SmolLM2, real-text prompts of exactly those lengths and answers of exactly those lengths.
+    replay = str(st.session_state.get("workload", "")).startswith("azure-conv")
+    if configs[0].allocator != "contiguous" and not replay:
         st.info(f"{BASELINE_LABELS[configs[0].allocator]} needs each answer's length in advance; SmolLM2's chat "
-                "requests state none, so it reserves max_tokens, like Orca Max.")
-    key = ("live", tuple(configs), model_path(), runner_dtype())
+                "requests state none, so it reserves max_tokens, like Orca Max. Pick an azure-conv workload to "
+                "replay the trace's lengths, which it knows.")
+    key = ("live", tuple(configs), model_path(), runner_dtype(), replay)
     cache = session_runs()
     held = cache.get(key)
     if held is not None:
@@ -483,8 +509,8 @@ def live_pair() -> list[Run] | None:
     for cfg, kv_bytes in zip(configs, kv):
         recording = GuardedRecording()  # written by the stepping thread while the page reads it
         engine = make(cfg, recording=recording)
-        for i, text in enumerate(CHAT_PROMPTS):
-            engine.add_request(f"chat{i:02d}", chat_prompt(make.tokenizer, text), SamplingParams(max_tokens=REAL_MAX_TOKENS))
+        for rid, ids, sampling in live_requests(make.tokenizer, replay):
+            engine.add_request(rid, ids, sampling)
         runs.append(Run(cfg.allocator, cfg, request_ids=list(engine.requests), header=_compact_header(engine),
                         engine=engine, token_text=_TokenText(token_text_lookup()), recording=recording,
                         kv_bytes=kv_bytes))

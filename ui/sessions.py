@@ -5,10 +5,8 @@ Seats. A session that runs the real model live (a pool page on the SmolLM2 sourc
 engine page) holds a seat (:func:`claim_model_seat`); at most
 :func:`ui.workshop.max_model_sessions` sessions hold one at once. A session gives its seat back
 when a full run of it shows neither (app.py calls :func:`release_model_seat`) or when its browser
-disconnects. Each claim also sets torch's thread count to the cores split among the seats held
-(:func:`pagedkv_core.model.runner.session_threads`): torch gives every Python thread that runs
-a forward a team of that many threads, so k sessions at torch's default (every core) would run
-k x cores threads, and oversubscribed teams slow every session down far more than an even split.
+disconnects. (The seats bound how many sessions step the model; how many torch threads each
+step may use is :class:`ui.models.CoreShare`'s: the cores split among the engines stepping.)
 
 Memory. Streamlit keeps a disconnected session (its ``st.session_state`` with our live engines,
 recordings and uploads) for ``server.disconnectedSessionTTL`` seconds so that a reconnect after
@@ -28,7 +26,6 @@ import ctypes
 import ctypes.util
 import gc
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -251,22 +248,6 @@ def track() -> None:
         janitor().track(*current)
 
 
-def _apply_threads(holders: int) -> None:
-    """torch's thread count for ``holders`` live-model sessions, on a server once torch is
-    loaded (a scripted-only server never imports it; AppTest's sessions are never released)."""
-    from streamlit.runtime import Runtime
-
-    if "torch" not in sys.modules or not Runtime.exists():
-        return
-    import torch
-
-    from pagedkv_core.model.runner import session_threads
-
-    want = session_threads(max(1, holders))
-    if torch.get_num_threads() != want:
-        torch.set_num_threads(want)
-
-
 def claim_model_seat() -> bool:
     """Take a live real-model seat for this session. When every seat is taken, st.info says so
     and False comes back (the caller falls back to the scripted source)."""
@@ -279,10 +260,8 @@ def claim_model_seat() -> bool:
         st.info(f"All {cap} live-model seats are taken; the scripted source works. Try the real model again "
                 "when someone leaves.", icon=":material/event_seat:")
         return False
-    _apply_threads(len(_SEATS))
     return True
 
 
 def release_model_seat() -> None:
-    if _SEATS.release(session_id()):
-        _apply_threads(len(_SEATS))
+    _SEATS.release(session_id())

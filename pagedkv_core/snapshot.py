@@ -169,7 +169,10 @@ class StepSnapshot:
             except (TypeError, ValueError, OverflowError) as exc:
                 raise ValueError(f"field {name}: {exc}") from None
         for name in QUEUE_FIELDS:
-            kwargs[name] = tuple(int(x) for x in data[name])
+            value = data[name]
+            if not isinstance(value, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in value):
+                raise ValueError(f"field {name} must be a list of sequence ids (integers), got {_short(value)}")
+            kwargs[name] = tuple(value)
         try:
             kwargs["events"] = tuple(Event.from_json(e) for e in data["events"])
             kwargs["metrics"] = StepMetrics.from_json(data["metrics"])
@@ -193,6 +196,11 @@ class StepSnapshot:
         if len(self.seq_table_offsets) != n + 1 or int(self.seq_table_offsets[-1]) != len(self.seq_tables):
             raise ValueError("seq_table_offsets do not match seq_tables")
 
+
+def _short(value, limit: int = 40) -> str:
+    """A JSON value for an error line, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 def seq_arrays(allocator, scheduler) -> dict:
     """The per-sequence arrays, the block tables (CSR) and the queues of the live sequences,

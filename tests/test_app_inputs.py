@@ -108,8 +108,6 @@ def workload(name: str, data: bytes) -> tuple:
     return ("workload_upload", name, data)
 
 
-UNCLEAR = pytest.mark.xfail(strict=True, reason="the version-1 step reader (pagedkv_core/trace.py, snapshot.py) "
-                                                "reports a Python type error instead of naming the field")
 CASES = [
     # ------------------------------------------------------------------ the URL
     Case("url guide_step superscript two", "URL parameter guide_step: must be a whole number from 1, got '²'",
@@ -117,6 +115,11 @@ CASES = [
     Case("url guide_step zero", "guide_step: must be a whole number from 1, got '0'", query={"guide_step": "0"}),
     Case("url guide_step huge", "guide_step: must be a whole number from 1", query={"guide_step": "9" * 5000}),
     Case("url guide not a switch", "URL parameter guide: must be on or off, got 'maybe'", query={"guide": "maybe"}),
+    Case("url speed 0", "URL parameter speed: must be a whole number of steps per second from 1 to 50, got '0'; "
+         "Play starts at 10 steps/s", query={"speed": "0"}),
+    Case("url speed 51", "speed: must be a whole number of steps per second from 1 to 50, got '51'",
+         query={"speed": "51"}),
+    Case("url speed superscript", "speed: must be a whole number of steps per second", query={"speed": "²"}),
     Case("url present not a switch", "URL parameter present: must be on or off", query={"present": "¹"}),
     Case("url pool_slots 10**9", "pool_slots must be <= 1,048,576, got 1,000,000,000", query={"pool_slots": "1000000000"}),
     Case("url pool_slots words", "pool_slots: must be a whole number, got 'lots'", query={"pool_slots": "lots"}),
@@ -135,10 +138,10 @@ CASES = [
     # ------------------------------------------------------------------ uploaded traces
     Case("trace nested 10**5 deep", "deep.jsonl:2: JSON nested too deeply",
          upload=trace("deep.jsonl", HEADER + b"\n" + DEEP + b"\n")),
-    pytest.param(Case("trace waiting 5", "waiting", upload=trace("w.jsonl", _v1_trace(_setting("waiting", 5)))),
-                 marks=UNCLEAR),
-    pytest.param(Case("trace waiting [null]", "waiting",
-                      upload=trace("w.jsonl", _v1_trace(_setting("waiting", [None])))), marks=UNCLEAR),
+    Case("trace waiting 5", "field waiting must be a list of sequence ids (integers), got 5",
+         upload=trace("w.jsonl", _v1_trace(_setting("waiting", 5)))),
+    Case("trace waiting [null]", "field waiting must be a list of sequence ids (integers), got [None]",
+         upload=trace("w.jsonl", _v1_trace(_setting("waiting", [None])))),
     Case("trace waiting 5 still one line", "Cannot replay w.jsonl: w.jsonl:2: ",
          upload=trace("w.jsonl", _v1_trace(_setting("waiting", 5)))),
     Case("trace waiting [null] still one line", "Cannot replay w.jsonl: w.jsonl:2: ",
@@ -225,3 +228,10 @@ def test_a_lagging_browsers_stale_slider_does_not_stall_play():
     assert at.slider(key="rop_step").value == ticks[-1] + 200
     at.run()
     assert at.slider(key="rop_step").value > ticks[-1] + 200
+
+
+def test_a_link_sets_the_players_speed():
+    """``?speed=1`` (a projector link at one step a second) is the Speed control's first value."""
+    at = open_page(POOL_PAGE, speed="1")
+    assert [sl.value for sl in at.slider if sl.label == "Speed"] == [1]
+    assert [sl.value for sl in open_page(POOL_PAGE).slider if sl.label == "Speed"] == [10]

@@ -30,6 +30,24 @@ def _state(key: str) -> dict:
     return st.session_state.setdefault(f"_player_{key}", {"playing": False})
 
 
+def parse_speed(text: str) -> int:
+    """A speed from the URL (``?speed=N``, steps per second): ASCII digits within :data:`SPEEDS`.
+    Raises ValueError (one line) otherwise."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6) or not SPEEDS[0] <= int(text) <= SPEEDS[1]:
+        raise ValueError(f"must be a whole number of steps per second from {SPEEDS[0]} to {SPEEDS[1]}, got {text!r}")
+    return int(text)
+
+
+def _first_speed() -> int:
+    """The Speed control's value when a page first draws it: what the link asks for (a teacher's
+    projector link at one step a second), else :data:`DEFAULT_SPEED`. A bad value has been
+    dropped from the URL, with its message, by :func:`ui.settings.check_page_params`."""
+    try:
+        return parse_speed(st.query_params.get("speed", str(DEFAULT_SPEED)))
+    except ValueError:
+        return DEFAULT_SPEED
+
+
 def speed(key: str) -> int:
     return int(st.session_state.get(f"{key}_speed", DEFAULT_SPEED))
 
@@ -86,7 +104,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
                   icon=":material/pause:" if state["playing"] else ":material/play_arrow:",
                   key=f"{key}_play", on_click=toggle, type="primary", width=110)
         st.button("Step", icon=":material/chevron_right:", key=f"{key}_fwd", on_click=move, kwargs={"delta": 1})
-        st.slider("Speed", SPEEDS[0], SPEEDS[1], DEFAULT_SPEED, key=f"{key}_speed", format="%d steps/s", width=160,
+        st.slider("Speed", SPEEDS[0], SPEEDS[1], _first_speed(), key=f"{key}_speed", format="%d steps/s", width=160,
                   help="How fast Play moves through the run, in steps per second. Above about 5 steps per second the "
                        "page cannot redraw every step, so it skips the ones it has no time to draw and keeps the speed.")
         if runs:  # a group of its own, so that on a narrow screen the two wrap together

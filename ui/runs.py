@@ -477,9 +477,7 @@ def live_pair() -> list[Run] | None:
     session until the settings change; its first step (at most :data:`LIVE_BATCH_TOKENS` tokens
     each) is computed here. Raises BudgetError (a ConfigError) before allocating when the two KV
     pools would not fit the session budget."""
-    from pagedkv_core.prompts import CHAT_PROMPTS
-    from pagedkv_core.sampling import SamplingParams
-    from ui.models import chat_prompt, engine_factory, model_path, runner_dtype, token_text_lookup
+    from ui.models import engine_factory, model_path, runner_dtype, token_text_lookup
 
     configs = live_configs()
     # An Azure-trace workload in the sidebar: replay its first 16 requests' lengths (x1/8) on

@@ -4,8 +4,8 @@ exact scenario. Bad values in the URL are reported with st.error and replaced by
 Every engine setting's default and bounds come from its rule in :mod:`pagedkv_core.config`
 (``setting_spec``), so the sidebar, the CLI and ``EngineConfig`` itself cannot drift apart.
 
-The query string also carries the pages' own parameters (``guide``, ``guide_step``, ``present``,
-read by :mod:`ui.guide` and :mod:`ui.presenter`); :func:`check_page_params` checks them on every
+The query string also carries the pages' own parameters (``guide``, ``guide_step``, ``present``, ``speed``,
+read by :mod:`ui.guide`, :mod:`ui.presenter` and :mod:`ui.player`); :func:`check_page_params` checks them on every
 run, before the page reads them, and drops a bad one after saying so. The *Model and traces*
 expander follows :mod:`ui.workshop`'s rule: a free-form model path only on a loopback server
 outside workshop mode, else a select box of the models the server offers.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from pagedkv_core.config import ConfigError, SettingSpec, setting_spec
-from ui import sessions, workshop
+from ui import player, sessions, workshop
 
 # The block sizes the sidebar offers: the powers of two up to 128, a subset of the engine's bound.
 BLOCK_SIZES = [1 << i for i in range(8)]
@@ -152,6 +152,7 @@ PAGE_PARAMS = {
     "guide": (lambda text: _bool(text), "the guide stays off"),
     "present": (lambda text: _bool(text), "presenter mode stays off"),
     "guide_step": (lambda text: _step_number(text), "the guide opens at its first step"),
+    "speed": (lambda text: player.parse_speed(text), f"Play starts at {player.DEFAULT_SPEED} steps/s"),
 }
 
 
@@ -313,8 +314,8 @@ def sidebar() -> None:
 
     if bf16_offered():  # only where the CPU computes bf16 natively (AVX512-BF16 or AMX)
         sb.radio("Model precision", DTYPES, key="dtype", horizontal=True,
-                 help="bfloat16 runs SmolLM2 about twice as fast on this CPU; its text may differ from float32's "
-                      "after a few dozen tokens. float32 matches transformers token for token.")
+                 help="bfloat16 halves each token's KV bytes and runs SmolLM2's matmuls at this CPU's bf16 rate; "
+                      "its text may part from float32's after some tokens. float32 matches transformers token for token.")
     sb.number_input("Seed", min_value=seed.lo, max_value=seed.hi, step=1, key="seed")
     with sb.expander("Model and traces"):
         model_box()

@@ -10,6 +10,8 @@ Nothing is ever fetched from a model hub: ``HF_HUB_OFFLINE`` is forced on.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import os
@@ -117,6 +119,20 @@ def _check_architecture(config, source: Path) -> None:
         )
 
 
+@contextlib.contextmanager
+def _conversion_lock(target: Path):
+    """One conversion of ``target`` at a time across processes (two app servers, or two test
+    workers, starting on a fresh machine): an exclusive ``flock`` on a file beside it. The second
+    process waits, then finds the cache written. The lock file (hidden, empty) stays: removing
+    it would let a waiting process lock a file that a third one no longer sees."""
+    with open(target.with_name(f".{target.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
     """De-quantize ``gguf`` through transformers and save plain safetensors + tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -167,8 +183,10 @@ def load_model(model: str | os.PathLike | None = None, *, progress: Progress | N
                 weights_dir.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ModelLoadError(f"cannot create model cache {str(weights_dir.parent)!r} ({exc.strerror}): set PAGEDKV_CACHE to a writable directory") from None
-            _convert_gguf(source, weights_dir, progress)
-            converted = True
+            with _conversion_lock(weights_dir):
+                if not (weights_dir / "config.json").is_file():  # another process may have converted it meanwhile
+                    _convert_gguf(source, weights_dir, progress)
+                    converted = True
     else:
         weights_dir = source
 

@@ -202,6 +202,7 @@ def _short(value, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
+
 def seq_arrays(allocator, scheduler) -> dict:
     """The per-sequence arrays, the block tables (CSR) and the queues of the live sequences,
     read through the allocator's public layout methods. O(live sequences + table entries)."""

@@ -40,10 +40,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 PAGE = "reserve-or-page?speed=1"
 SESSIONS = 20
 CLOSED_SESSIONS = 30
-# Measured on the idle 2-core test machine: 71 MiB before any session, 113 MiB after the first,
-# 147 MiB with 20 sessions connected and playing, 127 MiB once 30 had come and gone. The bound
-# leaves room for a busier machine's slower ticks (more fragment runs in flight at once), not for
-# a session's state that is never freed.
+# Measured on the 2-core test machine (idle, and beside the other xdist worker): 71 MiB before any
+# session, 110-112 MiB after the first, a peak of 126-129 MiB with 20 sessions connected and
+# playing, 124 MiB once 30 had come and gone. The bound leaves room for a busier machine's slower
+# ticks (more fragment runs in flight at once), not for a session's state that is never freed.
 PEAK_RSS_MB = 250
 RETURN_MB = 50
 SESSION_TTL_S = 5  # server.disconnectedSessionTTL for the test (Streamlit's default is 120)

@@ -4,11 +4,12 @@ exact scenario. Bad values in the URL are reported with st.error and replaced by
 Every engine setting's default and bounds come from its rule in :mod:`pagedkv_core.config`
 (``setting_spec``), so the sidebar, the CLI and ``EngineConfig`` itself cannot drift apart.
 
-The query string also carries the pages' own parameters (``guide``, ``guide_step``, ``present``, ``speed``,
-read by :mod:`ui.guide`, :mod:`ui.presenter` and :mod:`ui.player`); :func:`check_page_params` checks them on every
-run, before the page reads them, and drops a bad one after saying so. The *Model and traces*
-expander follows :mod:`ui.workshop`'s rule: a free-form model path only on a loopback server
-outside workshop mode, else a select box of the models the server offers.
+The query string also carries the pages' own parameters (``guide``, ``guide_step``, ``present``,
+``speed``, read by :mod:`ui.guide`, :mod:`ui.presenter` and :mod:`ui.player`);
+:func:`check_page_params` checks them on every run, before the page reads them, and drops a bad
+one after saying so. The *Model and traces* expander follows :mod:`ui.workshop`'s rule: a
+free-form model path only on a loopback server outside workshop mode, else a select box of the
+models the server offers.
 """
 from __future__ import annotations
 

@@ -49,3 +49,24 @@ def test_cache_reload_gives_identical_logits(tmp_path, monkeypatch):
         want = direct(ids).logits
         got = reloaded.model(ids).logits
     assert torch.equal(got, want)
+
+
+def test_the_apps_first_conversion_then_every_later_page_loads_the_model(tmp_path, monkeypatch):
+    """A fresh machine: the first page converts the GGUF (showing progress) and later runs in the
+    same server process read the cached model. Streamlit replays the elements a cached function
+    drew on every later hit, so a progress bar drawn inside the cached load broke every page after
+    the first; the progress is drawn outside it (ui.models.loaded_model)."""
+    from tests.apptest import app
+    from ui import models
+
+    monkeypatch.setenv("PAGEDKV_CACHE", str(tmp_path))
+    models._load_cached.clear()
+    try:
+        at = app().run()  # the home page draws the loaded model's KV arithmetic
+        assert not at.exception, [e.value for e in at.exception]
+        assert (models.gguf_cache_dir(bundled_gguf_path()) / "config.json").is_file()
+        for page in ("pages/block_size.py", "pages/home.py"):
+            at.switch_page(page).run()
+            assert not at.exception, (page, [e.value for e in at.exception])
+    finally:
+        models._load_cached.clear()

@@ -28,7 +28,7 @@ from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.kv_math import KVShape, format_bytes
 from pagedkv_core.memory import check_fits, kv_pool_bytes, session_budget
-from pagedkv_core.model.loader import ModelLoadError, gguf_cache_dir, load_model, resolve_source
+from pagedkv_core.model.loader import ModelLoadError, convert_once, gguf_cache_dir, load_model, resolve_source
 
 
 def model_path() -> str:
@@ -37,8 +37,11 @@ def model_path() -> str:
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
-def _load_cached(model_path: str, _progress=None):
-    return load_model(model_path or None, progress=_progress)
+def _load_cached(model_path: str):
+    """The model, loaded once per process. Draws nothing: Streamlit replays the elements a cached
+    function drew on every later hit, so the first run's conversion progress is drawn outside
+    (:func:`loaded_model`)."""
+    return load_model(model_path or None, progress=lambda f, what: None)
 
 
 def loaded_model(path: str | None = None):
@@ -55,11 +58,12 @@ def loaded_model(path: str | None = None):
         if first_time:
             with st.status(f"Converting {source.name} to a local cache (first run only)…", expanded=True) as status:
                 bar = st.progress(0.0)
-                lm = _load_cached(path, _progress=lambda f, what: bar.progress(min(1.0, f), text=what))
+                convert_once(source, progress=lambda f, what: bar.progress(min(1.0, f), text=what))
+                lm = _load_cached(path)
                 status.update(label=f"Loaded {lm.name} in {lm.load_seconds:.1f} s", state="complete", expanded=False)
         else:
             with st.spinner(f"Loading {source.name}…"):
-                lm = _load_cached(path, _progress=lambda f, what: None)
+                lm = _load_cached(path)
     except ModelLoadError as exc:
         st.error(str(exc))
         return None
@@ -95,7 +99,7 @@ def runner_dtype() -> str | None:
 def _base_runner(model_path: str, dtype: str | None = None):
     from pagedkv_core.model.runner import ModelRunner
 
-    lm = _load_cached(model_path, _progress=lambda f, what: None)
+    lm = _load_cached(model_path)
     # The GPU when there is one (bf16, Triton kernels), else the CPU (fp32 unless ``dtype``).
     return ModelRunner(lm, device="auto", dtype=dtype)
 

@@ -162,6 +162,27 @@ def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
     progress(0.9, "cache written")
 
 
+def convert_once(source: Path, progress: Progress | None = None) -> bool:
+    """For a ``.gguf`` ``source`` (from :func:`resolve_source`), write its safetensors cache unless
+    it is there already; True when this call wrote it. A model directory needs nothing. The app
+    calls it before its cached :func:`load_model`, so that the progress it shows is not drawn from
+    inside a cached function."""
+    if not source.is_file():
+        return False
+    weights_dir = gguf_cache_dir(source)
+    if (weights_dir / "config.json").is_file():
+        return False
+    try:
+        weights_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot create model cache {str(weights_dir.parent)!r} ({exc.strerror}): set PAGEDKV_CACHE to a writable directory") from None
+    with _conversion_lock(weights_dir):
+        if (weights_dir / "config.json").is_file():  # another process converted it meanwhile
+            return False
+        _convert_gguf(source, weights_dir, progress or _cli_progress)
+        return True
+
+
 def load_model(model: str | os.PathLike | None = None, *, progress: Progress | None = None,
                mmap: bool = True) -> LoadedModel:
     """Load a Llama-family model and its tokenizer on the CPU in fp32.
@@ -175,20 +196,8 @@ def load_model(model: str | os.PathLike | None = None, *, progress: Progress | N
     progress = progress or _cli_progress
     start = time.perf_counter()
     source = resolve_source(model)
-    converted = False
-    if source.is_file():
-        weights_dir = gguf_cache_dir(source)
-        if not (weights_dir / "config.json").is_file():
-            try:
-                weights_dir.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ModelLoadError(f"cannot create model cache {str(weights_dir.parent)!r} ({exc.strerror}): set PAGEDKV_CACHE to a writable directory") from None
-            with _conversion_lock(weights_dir):
-                if not (weights_dir / "config.json").is_file():  # another process may have converted it meanwhile
-                    _convert_gguf(source, weights_dir, progress)
-                    converted = True
-    else:
-        weights_dir = source
+    converted = convert_once(source, progress)
+    weights_dir = gguf_cache_dir(source) if source.is_file() else source
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

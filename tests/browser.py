@@ -26,14 +26,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_app(timeout: float = 120.0):
-    """Yields the base URL of a fresh ``python -m ui.serve`` (= ``streamlit run app.py``) on a free loopback port."""
+def app_server(*options: str, env: dict | None = None, timeout: float = 120.0):
+    """Yields (base URL, process) of a fresh ``python -m ui.serve`` (= ``streamlit run app.py``)
+    on a free loopback port, with Streamlit ``options`` and ``env`` on top of this environment;
+    its output goes to ``.pytest_cache/streamlit-PORT.log``. Stopped on exit."""
     port = free_port()
     log = open(ROOT / f".pytest_cache/streamlit-{port}.log", "w") if (ROOT / ".pytest_cache").is_dir() else subprocess.DEVNULL
     proc = subprocess.Popen(
         [sys.executable, "-m", "ui.serve", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+         "--server.address", "127.0.0.1", "--server.headless", "true", *options],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -47,13 +49,22 @@ def running_app(timeout: float = 120.0):
             if time.monotonic() > deadline:
                 raise TimeoutError("streamlit did not become healthy")
             time.sleep(0.3)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+
+@contextlib.contextmanager
+def running_app(timeout: float = 120.0):
+    """Yields the base URL of a fresh app server (:func:`app_server`)."""
+    with app_server(timeout=timeout) as (url, _):
+        yield url
 
 
 @contextlib.contextmanager

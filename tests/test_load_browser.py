@@ -24,14 +24,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, IDLE, ROOT, free_port
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, IDLE, ROOT, app_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -78,35 +75,11 @@ def hard_timeout(seconds: int):
 
 
 @contextlib.contextmanager
-def app_server(*options: str, timeout: float = 120.0):
-    """(base URL, server pid) of ``python -m ui.serve`` on a free loopback port; killed on exit."""
-    port = free_port()
-    log_dir = ROOT / ".pytest_cache"
-    log = open(log_dir / f"load-{port}.log", "w") if log_dir.is_dir() else subprocess.DEVNULL
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ui.serve", "--server.port", str(port), "--server.address", "127.0.0.1",
-         "--server.headless", "true", *options],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "PAGEDKV_WORKSHOP": "0"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the app exited with {proc.returncode}")
-            with contextlib.suppress(OSError):
-                if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("the app did not become healthy")
-            time.sleep(0.3)
+def classroom_server():
+    """(base URL, pid) of an app server outside workshop mode whose closed sessions expire
+    after :data:`SESSION_TTL_S`."""
+    with app_server("--server.disconnectedSessionTTL", str(SESSION_TTL_S), env={"PAGEDKV_WORKSHOP": "0"}) as (url, proc):
         yield url, proc.pid
-    finally:
-        proc.kill()
-        proc.wait(10)
-        if log is not subprocess.DEVNULL:
-            log.close()
 
 
 @contextlib.contextmanager
@@ -200,7 +173,7 @@ def play_all(sessions: list[Session]) -> list[int]:
 
 def test_a_classroom_plays_at_once_within_a_memory_bound_and_gives_the_memory_back():
     with hard_timeout(HARD_TIMEOUT_S), \
-            app_server("--server.disconnectedSessionTTL", str(SESSION_TTL_S)) as (url, pid), browser() as b:
+            classroom_server() as (url, pid), browser() as b:
         cold = rss_mb(pid)
         warm = Session(b, url)
         warm.wait_ready()

@@ -8,6 +8,13 @@
 - ``prefix_cache_hit_rate``: cumulative hit tokens / queried tokens at admission.
 - blocks per sequence: ``mean_blocks_per_seq`` / ``max_blocks_per_seq`` over live sequences
   (the full distribution is ``StepSnapshot.seq_num_blocks``).
+- the counts describe one moment, the end of the step: ``num_running`` (sequences running
+  then; one that finished in the step is finished, not running), ``num_waiting`` (queued, or
+  preempted for recompute), ``num_swapped``, and the cumulative ``num_finished`` and
+  ``num_rejected`` (requests). With one sample per request, every request that has arrived
+  (``arrival_step <= step``) is in exactly one of them: running + waiting + swapped + finished
+  + rejected = requests arrived. A request with ``n`` samples counts once per live sample while
+  it runs (after its prefill forks them) and once when finished.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 class StepCounts:
     """What one step did: the scheduler's ``complete()`` returns it, ``totals`` sums them."""
 
-    num_running: int = 0  # sequences computed in this step's batch
+    num_running: int = 0  # sequences running at the end of the step (see StepMetrics)
     preemptions: int = 0  # swap + recompute
     swaps_out: int = 0
     swaps_in: int = 0
@@ -48,8 +55,8 @@ class StepMetrics:
     token_utilization: float = 0.0
     allocated_slots: int = 0
     filled_slots: int = 0
-    num_running: int = 0  # sequences computed in this step's batch
-    num_waiting: int = 0  # queue lengths after the step
+    num_running: int = 0  # sequences running at the end of the step (finished in it: not counted)
+    num_waiting: int = 0  # queue lengths at the end of the step
     num_swapped: int = 0
     num_preemptions: int = 0  # cumulative (swap + recompute)
     step_preemptions: int = 0

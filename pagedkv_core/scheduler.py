@@ -210,7 +210,6 @@ class Scheduler:
             else:
                 prefill += count
         self._work = planned
-        counts.num_running = len(running)
         counts.prefill_tokens = prefill
         counts.decode_tokens = decode
         counts.tokens = prefill + decode
@@ -254,6 +253,7 @@ class Scheduler:
             self._finish(seq, seq.finish_reason, None)
         self._work = []
         counts = self._step
+        counts.num_running = len(self.running)  # after the step: its finished are gone, its forks counted
         counts.tokens_generated = generated
         self.totals.add(counts)
         return counts

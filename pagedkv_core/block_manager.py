@@ -46,13 +46,13 @@ class BlockManager:
     largest_free_run = 0
 
     def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None,
-                 track_changes: bool = True):
+                 track_changes: bool = True, kv_event_sink=None):
         self.block_size = bs = config.block_size
         self.max_model_len = config.max_model_len if max_model_len is None else max_model_len
         self.num_blocks = nb = config.num_blocks
         self.num_slots = nb * bs
         self.enable_caching = config.prefix_caching
-        self.pool = BlockPool(nb, config.prefix_caching)
+        self.pool = BlockPool(nb, config.prefix_caching, kv_event_sink)
         self.host = HostPool(config.num_host_blocks)
         self.num_host_slots = self.host.num_blocks * bs
         self.tables: dict[int, list[int]] = {}  # seq_id -> physical block ids
@@ -259,7 +259,7 @@ class BlockManager:
             self.filled_slots += 1
             if off + 1 == bs and self.enable_caching:
                 hashes = extend_block_hashes(seq.block_hashes, tokens, bs, j + 1, seq.request.extra_keys)
-                self.pool.register(self.pool.blocks[b], hashes[j])
+                self._register(b, hashes, j, tokens)
             return
         end = start + count
         pos = start
@@ -287,8 +287,29 @@ class BlockManager:
             self.filled_slots += hi - pos
             if hi_off == bs and self.enable_caching:
                 hashes = extend_block_hashes(seq.block_hashes, tokens, bs, j + 1, seq.request.extra_keys)
-                self.pool.register(self.pool.blocks[b], hashes[j])
+                self._register(b, hashes, j, tokens)
             pos = hi
+
+    def _register(self, b: int, hashes: list[int], j: int, tokens) -> None:
+        """Index block ``b``, logical block ``j`` of a sequence, in the prefix cache."""
+        if self.pool.kv_event_sink is None:
+            self.pool.register(self.pool.blocks[b], hashes[j])
+        else:
+            bs = self.block_size
+            self.pool.register(self.pool.blocks[b], hashes[j], hashes[j - 1] if j else NO_HASH, tokens[j * bs:(j + 1) * bs])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (only when no sequence holds a block). Returns whether it did."""
+        cached = [b.block_id for b in self.pool.blocks if b.block_hash != NO_HASH]
+        if not self.pool.reset_prefix_cache():
+            return False
+        bs = self.block_size
+        for b in cached:  # now plain free blocks: nothing kept
+            self.fill[b] = 0
+            self.block_fill[b] = 0
+            self.slot_token[b * bs : (b + 1) * bs] = -1
+            self._refresh(b)
+        return True
 
     # ------------------------------------------------------------------ sharing and release
     def fork(self, parent: Sequence, child: Sequence) -> None:

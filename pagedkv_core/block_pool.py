@@ -95,7 +95,10 @@ class BlockPool:
     ``block_ref`` and ``block_hash`` mirror the blocks as numpy arrays for snapshots.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, enable_caching: bool = True, kv_event_sink=None):
+        """``kv_event_sink``: told ``stored(hash, parent_hash, token_ids)`` when a block is
+        indexed, ``removed(hash)`` when an indexed block is evicted, ``cleared()`` when the
+        index is reset (see pagedkv_core.observe.publisher.EngineKVEvents); None: nobody."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -105,6 +108,7 @@ class BlockPool:
         self.cached: dict[int, Block] = {}
         self.block_ref = np.zeros(num_blocks, dtype=np.int32)  # ref counts can pass 32,767 at 1M slots
         self.block_hash = np.zeros(num_blocks, dtype=np.int64)
+        self.kv_event_sink = kv_event_sink
 
     @property
     def num_free_blocks(self) -> int:
@@ -148,19 +152,37 @@ class BlockPool:
     def lookup(self, block_hash: int) -> Block | None:
         return self.cached.get(block_hash) if self.enable_caching else None
 
-    def register(self, block: Block, block_hash: int) -> bool:
+    def register(self, block: Block, block_hash: int, parent_hash: int = NO_HASH, token_ids=()) -> bool:
         """Index a full, written block under ``block_hash``. A hash already indexed (another
-        block holds the same history) is left as it is; returns whether ``block`` was indexed."""
+        block holds the same history) is left as it is; returns whether ``block`` was indexed.
+        ``parent_hash`` and ``token_ids`` (the block's own) are only told to the event sink."""
         if not self.enable_caching or block.block_hash != NO_HASH or block_hash in self.cached:
             return False
         self.cached[block_hash] = block
         block.block_hash = block_hash
         self.block_hash[block.block_id] = block_hash
+        if self.kv_event_sink is not None:
+            self.kv_event_sink.stored(block_hash, parent_hash, token_ids)
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM's reset does: only when no block is in use.
+        Returns whether it did."""
+        if self.num_used_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = NO_HASH
+        self.cached.clear()
+        self.block_hash[:] = NO_HASH
+        if self.kv_event_sink is not None:
+            self.kv_event_sink.cleared()
         return True
 
     def _evict(self, block: Block) -> None:
         if self.cached.get(block.block_hash) is block:
             del self.cached[block.block_hash]
+            if self.kv_event_sink is not None:
+                self.kv_event_sink.removed(block.block_hash)
         block.block_hash = NO_HASH
         self.block_hash[block.block_id] = NO_HASH
 

@@ -41,12 +41,16 @@ def _is_utf8(text: str) -> bool:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, source: TokenSource, recording=None):
+    def __init__(self, config: EngineConfig, source: TokenSource, recording=None, kv_event_sink=None):
+        """``kv_event_sink`` (paged allocators): told of prefix-cache blocks stored, evicted and
+        cleared, and ``flush()``-ed at the end of every step (see pagedkv_core.observe.publisher)."""
         self.config = config
         self.source = source
         self.max_model_len = min(config.max_model_len, int(source.max_model_len))
         self._events: list[Event] = []  # one chronological list per step: scheduler and allocator append
-        self.allocator = build_allocator(config, self._events, self.max_model_len, track_changes=recording is not None)
+        self.kv_event_sink = kv_event_sink
+        self.allocator = build_allocator(config, self._events, self.max_model_len, track_changes=recording is not None,
+                                         kv_event_sink=kv_event_sink)
         self.scheduler = Scheduler(config, self.allocator, self._events, source.eos_token_id, self.max_model_len)
         self.vocab_size = int(source.vocab_size)  # prompt ids at or past it are rejected
         self.recording = recording
@@ -196,8 +200,20 @@ class Engine:
         if self.recording is not None:
             self.recording.record(step, changes, seqs, events, metrics)
         snap = take_snapshot(step, alloc, seqs, events, metrics) if snapshot else None
+        if self.kv_event_sink is not None:
+            self.kv_event_sink.flush()
         self.step_index += 1
         return outputs, snap
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache, as vLLM's ``/reset_prefix_cache``: only while no request
+        holds a block (paged allocators). The event sink hears AllBlocksCleared at once."""
+        reset = getattr(self.allocator, "reset_prefix_cache", None)
+        if reset is None or not reset():
+            return False
+        if self.kv_event_sink is not None:
+            self.kv_event_sink.flush()
+        return True
 
     def run(self, max_steps: int | None = None, on_step=None, snapshot: bool = True) -> RunSummary:
         """Step until every request is finished or rejected (or ``max_steps`` steps);

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from .flags import add_engine_args, config_from_args, engine_settings
 from .parsing import EXIT_USAGE, PROG, OneLineParser, UsageError, run_command
 from .. import replay  # noqa: E402  (a subcommand that lives beside the trace code it reads)
-from . import bench, generate, simulate  # noqa: E402  (after the helpers they use)
+from . import bench, generate, observe, simulate  # noqa: E402  (after the helpers they use)
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "add_engine_args", "config_from_args", "engine_settings",
            "EXIT_USAGE", "UsageError"]
@@ -30,6 +30,7 @@ SUBCOMMANDS: list[Callable] = [
     generate.register,
     bench.register,
     replay.register,
+    observe.register,
 ]
 
 

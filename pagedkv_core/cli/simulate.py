@@ -24,6 +24,7 @@ from ..safe_io import check_writable
 from ..waste import CLASSES, WasteAccumulator, final_written
 from ..workloads import WORKLOADS, TraceOptions, build_workload, load_workload_file
 from .flags import add_engine_args, config_from_args
+from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
 from .parsing import trace_writer
 from .summary import summary_table
 
@@ -58,13 +59,14 @@ def register(subparsers) -> None:
     add_engine_args(p, default_notes={"pool_slots": f"default: the workload's pool size, else {pool}"})
     p.add_argument("--trace-out", metavar="PATH", help="write every step's snapshot as JSON lines")
     p.add_argument("--json", action="store_true", help="print one JSON object (the run summary)")
+    add_kv_events_args(p)
     p.set_defaults(func=cmd_simulate)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     # The flags first (the pool size may come from the workload), and the trace's path: a bad
     # value fails before the workload is built or run.
-    config_from_args(args, pool_slots=setting_spec("pool_slots").default)
+    check_kv_events(args, config_from_args(args, pool_slots=setting_spec("pool_slots").default).allocator)
     if args.trace_out:
         check_writable(args.trace_out, "trace")
     options = {name: getattr(args, flag) for name, flag in TRACE_FLAGS.items() if getattr(args, flag) is not None}
@@ -76,8 +78,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         workload = load_workload_file(args.workload_file, args.seed, **options)
     config = config_from_args(args, pool_slots=workload.pool_slots)
     writer = trace_writer(args.trace_out, {"workload": workload.name}) if args.trace_out else None
+    sink = None
     try:
-        engine = Engine(config, ScriptedSource(), recording=writer)
+        sink = open_kv_events(args, config.block_size)
+        engine = Engine(config, ScriptedSource(), recording=writer, kv_event_sink=sink)
         workload.submit(engine)
         if writer is not None:
             writer.set_header(engine.trace_header())
@@ -88,12 +92,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         if writer is not None:
             writer.close()
+        if sink is not None:
+            sink.close()
     out = engine.summary().to_json()
     breakdown = waste.breakdown(final_written(engine))
     out["waste_breakdown"] = {k: breakdown[k] for k in CLASSES}
     out["token_share"] = breakdown["token_share"]
     out["workload"] = workload.name
     out["seed"] = args.seed
+    if sink is not None:
+        out["kv_events"] = {"endpoint": sink.publisher.endpoint, "replay": sink.publisher.replay_endpoint,
+                            "batches": sink.batches, "events": dict(sink.counts),
+                            "blocks_stored": sink.blocks_stored, "blocks_removed": sink.blocks_removed}
     if args.json:
         print(json.dumps(out))
     else:

@@ -1,0 +1,259 @@
+"""An observation of a vLLM server, recorded as a pagedkv trace, and read back.
+
+Each observed tick is one step of an ordinary pagedkv recording (:class:`~pagedkv_core.trace.
+TraceWriter` for ``--trace-out``, :class:`~pagedkv_core.recording.Recording` in the app), so the
+player scrubs it like any run:
+
+- the pool is a display pool of ``num_blocks`` blocks (the server's ``num_gpu_blocks`` when its
+  /metrics reports it): each cached block the server announced takes a position, and its slots hold
+  its token ids, state ``cached``; a removed block's position is freed. The positions are ours:
+  vLLM's physical block ids are not in its events;
+- the step's events carry the server's, whole (``kv_stored``: hashes, parent, tokens, block size,
+  medium, rank, server time; ``kv_removed``; ``kv_cleared``), and an ``observed`` event with the
+  wall time, so the forest of chains at any step is rebuilt by folding them (:meth:`Observation.
+  state_at`);
+- the step's metrics are the last /metrics scrape, in pagedkv's names: ``kv_usage`` =
+  ``vllm:kv_cache_usage_perc``, ``num_running``/``num_waiting`` = ``vllm:num_requests_*``,
+  ``num_preemptions``, ``prefix_hit_tokens``/``prefix_queried_tokens`` = the prefix-cache counters.
+
+A server tells less than our engine: the header's ``observation.unknown`` lists what the view does
+not know (no request owns a block here, no block is partial, no block is known to be in use), and
+the page says so rather than inventing it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..events import Event
+from ..metrics import StepMetrics
+from ..slot_state import SlotState
+from ..snapshot import StepSnapshot
+from .cache_state import DEFAULT_MEDIUM, CacheState
+from .observer import ObservedBatch
+from .server_metrics import MetricsSample
+from .wire import AllBlocksCleared, BlockRemoved, BlockStored, signed_hash
+
+OBSERVATION_KIND = "vllm-observation"
+DEFAULT_DISPLAY_BLOCKS = 4096
+MAX_DISPLAY_SLOTS = 1 << 20
+STORED, REMOVED, CLEARED, OBSERVED = "kv_stored", "kv_removed", "kv_cleared", "observed"
+UNKNOWN = (
+    "which request holds a block (the events name none)",
+    "whether a cached block is in use or cached-free (both look alike here)",
+    "partial blocks (only full blocks get a hash and an event)",
+    "physical block ids (positions here are assigned by the observer)",
+)
+
+
+def _event_of(e, rank: int, t: float) -> Event:
+    if isinstance(e, BlockStored):
+        return Event(STORED, -1, "", {"hashes": list(e.block_hashes), "parent": e.parent_block_hash,
+                                      "tokens": list(e.token_ids), "block_size": e.block_size,
+                                      "medium": e.medium or DEFAULT_MEDIUM, "rank": rank, "t": t})
+    if isinstance(e, BlockRemoved):
+        return Event(REMOVED, -1, "", {"hashes": list(e.block_hashes), "medium": e.medium or DEFAULT_MEDIUM,
+                                       "rank": rank, "t": t})
+    return Event(CLEARED, -1, "", {"medium": e.medium, "rank": rank, "t": t})
+
+
+def _wire_of(event: Event):
+    d = event.detail
+    if event.kind == STORED:
+        return BlockStored(list(d["hashes"]), d.get("parent"), list(d["tokens"]), int(d["block_size"]), None, d.get("medium"))
+    if event.kind == REMOVED:
+        return BlockRemoved(list(d["hashes"]), d.get("medium"))
+    if event.kind == CLEARED:
+        return AllBlocksCleared(d.get("medium"))
+    return None
+
+
+class ObservationRecorder:
+    """Feeds an observer's batches and scrapes into ``recorder`` (a Recording or TraceWriter),
+    one step per :meth:`tick`. ``num_blocks``: the display pool (default: the server's
+    ``num_gpu_blocks``, else 4,096); blocks past it are counted in ``overflow``, not drawn."""
+
+    def __init__(self, recorder, num_blocks: int | None = None, block_size: int | None = None,
+                 header: dict | None = None, medium: str = DEFAULT_MEDIUM, clock=time.time):
+        self.recorder = recorder
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.header = dict(header or {})
+        self.medium = medium
+        self.clock = clock
+        self._pending: list[Event] = []
+        self._position: dict[tuple[int, int], int] = {}  # (rank, hash) -> display block
+        self._free: list[int] = []
+        self.overflow = 0
+        self.metrics: MetricsSample | None = None
+        self.steps = 0
+        self._arrays: dict[str, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------ input
+    def on_batch(self, batch: ObservedBatch) -> None:
+        for e in batch.events:
+            if isinstance(e, BlockStored) and self.block_size is None:
+                self.block_size = e.block_size
+            self._pending.append(_event_of(e, batch.rank, batch.t))
+
+    def on_metrics(self, sample: MetricsSample | None) -> None:
+        if sample is not None:
+            self.metrics = sample
+            if self.num_blocks is None and sample.num_gpu_blocks:
+                self.num_blocks = sample.num_gpu_blocks
+
+    # ------------------------------------------------------------------ steps
+    def _start(self) -> None:
+        bs = self.block_size or 16
+        nb = max(1, min(self.num_blocks or DEFAULT_DISPLAY_BLOCKS, MAX_DISPLAY_SLOTS // bs))
+        self.block_size, self.num_blocks = bs, nb
+        self._free = list(range(nb - 1, -1, -1))
+        self._arrays = {
+            "slot_state": np.zeros(nb * bs, np.int8), "slot_owner": np.full(nb * bs, -1, np.int32),
+            "slot_token": np.full(nb * bs, -1, np.int32), "block_state": np.zeros(nb, np.int8),
+            "block_ref": np.zeros(nb, np.int32), "block_fill": np.zeros(nb, np.int16),
+            "block_hash": np.zeros(nb, np.int64),
+        }
+        set_header = getattr(self.recorder, "set_header", None)
+        if set_header is not None:
+            set_header({**self.header, "observation": {"kind": OBSERVATION_KIND, "unknown": list(UNKNOWN),
+                                                       "medium": self.medium}})
+
+    def _place(self, rank: int, h: int, tokens) -> None:
+        a, bs = self._arrays, self.block_size
+        if (rank, h) in self._position:
+            return
+        if not self._free:
+            self.overflow += 1
+            return
+        b = self._free.pop()
+        self._position[(rank, h)] = b
+        a["block_state"][b] = SlotState.CACHED
+        a["block_fill"][b] = bs
+        a["block_hash"][b] = signed_hash(h)
+        a["slot_state"][b * bs:(b + 1) * bs] = SlotState.CACHED
+        a["slot_token"][b * bs:(b + 1) * bs] = np.asarray(tokens[:bs], dtype=np.int32) if len(tokens) >= bs else -1
+
+    def _unplace(self, rank: int, h: int) -> None:
+        b = self._position.pop((rank, h), None)
+        if b is None:
+            return
+        a, bs = self._arrays, self.block_size
+        a["block_state"][b] = SlotState.FREE
+        a["block_fill"][b] = 0
+        a["block_hash"][b] = 0
+        a["slot_state"][b * bs:(b + 1) * bs] = SlotState.FREE
+        a["slot_token"][b * bs:(b + 1) * bs] = -1
+        self._free.append(b)
+
+    def _fold(self, event: Event) -> None:
+        d = event.detail
+        if d.get("medium") not in (None, self.medium):
+            return
+        rank = d["rank"]
+        if event.kind == STORED:
+            bs = int(d["block_size"])
+            for i, h in enumerate(d["hashes"]):
+                self._place(rank, h, d["tokens"][i * bs:(i + 1) * bs])
+        elif event.kind == REMOVED:
+            for h in d["hashes"]:
+                self._unplace(rank, h)
+        elif event.kind == CLEARED:
+            for r, h in [k for k in self._position if k[0] == rank]:
+                self._unplace(r, h)
+
+    def _metrics(self) -> StepMetrics:
+        v = self.metrics.values if self.metrics else {}
+        hits, queries = int(v.get("prefix_cache_hits", 0)), int(v.get("prefix_cache_queries", 0))
+        return StepMetrics(kv_usage=float(v.get("kv_cache_usage_perc", 0.0)), num_running=int(v.get("num_requests_running", 0)),
+                           num_waiting=int(v.get("num_requests_waiting", 0)), num_preemptions=int(v.get("num_preemptions", 0)),
+                           prefix_hit_tokens=hits, prefix_queried_tokens=queries,
+                           prefix_cache_hit_rate=hits / queries if queries else 0.0)
+
+    def tick(self, t: float | None = None) -> int:
+        """Record one step with what arrived since the last tick; returns its step number."""
+        if self._arrays is None:
+            self._start()
+        events, self._pending = self._pending, []
+        for e in events:
+            self._fold(e)
+        t = self.clock() if t is None else t
+        events.append(Event(OBSERVED, -1, "", {"t": t, "cached": len(self._position), "overflow": self.overflow}))
+        a = {k: v.copy() for k, v in self._arrays.items()}
+        snap = StepSnapshot(step=self.steps, allocator="paged", block_size=self.block_size,
+                            num_slots=self.num_blocks * self.block_size, num_blocks=self.num_blocks, num_host_blocks=0,
+                            **a, events=tuple(events), metrics=self._metrics())
+        self.recorder.append(snap)
+        self.steps += 1
+        return snap.step
+
+    def close(self, footer: dict | None = None):
+        close = getattr(self.recorder, "close", None)
+        if self._arrays is None:
+            self.tick()
+        if close is not None:
+            return close(footer)
+        return None
+
+
+@dataclass
+class Observation:
+    """A recorded observation: the trace header and its Recording, with the forest rebuilt at any step."""
+
+    header: dict
+    recording: object  # pagedkv_core.recording.Recording
+
+    @property
+    def num_steps(self) -> int:
+        return self.recording.num_steps
+
+    def events(self, step: int) -> tuple[Event, ...]:
+        return self.recording.events(step)
+
+    def time_at(self, step: int) -> float | None:
+        for e in self.events(step):
+            if e.kind == OBSERVED:
+                return float(e.detail["t"])
+        return None
+
+    def state_at(self, step: int, rank: int = 0) -> CacheState:
+        """The cache of ``rank`` as the server's events left it after ``step`` (folded from step 0)."""
+        state = CacheState()
+        first = self.recording.first_step
+        for s in range(first, step + 1):
+            t = self.time_at(s) or 0.0
+            for e in self.events(s):
+                wire = _wire_of(e) if e.detail.get("rank", rank) == rank else None
+                if wire is not None:
+                    state.apply(wire, float(e.detail.get("t", t)))
+        return state
+
+    def rates(self) -> list[dict]:
+        """Per step: wall time, blocks stored and removed in it (hashes, not events)."""
+        out = []
+        for s in self.recording.steps:
+            stored = removed = 0
+            for e in self.events(s):
+                if e.kind == STORED:
+                    stored += len(e.detail["hashes"])
+                elif e.kind == REMOVED:
+                    removed += len(e.detail["hashes"])
+            out.append({"step": s, "t": self.time_at(s), "stored": stored, "removed": removed})
+        return out
+
+
+def is_observation(header: dict) -> bool:
+    obs = header.get("observation")
+    return isinstance(obs, dict) and obs.get("kind") == OBSERVATION_KIND
+
+
+def load_observation(path) -> Observation:
+    """A trace written by ``observe --trace-out``. TraceError (one line) when it is not one."""
+    from ..trace import TraceError, load_recording
+
+    header, recording = load_recording(path)
+    if not is_observation(header):
+        raise TraceError(f"{path} is a pagedkv trace, but not an observation of a vLLM server")
+    return Observation(header, recording)

@@ -189,10 +189,11 @@ class Engine:
             raise RuntimeError(f"engine made no progress at step {step}: {sched.waiting[:3]} {sched.swapped[:3]}")
         outputs = self._outputs()
         alloc = self.allocator
+        head_need = sched.next_reservation() if alloc.reports_fragmentation else 0
         if alloc.reports_fragmentation:
-            alloc.update_fragmentation(sched.next_reservation())
+            alloc.update_fragmentation(head_need)
         seqs = seq_arrays(alloc, sched)
-        metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"])
+        metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"], head_need)
         self.stats.add(metrics)
         events = tuple(self._events)
         self._events.clear()
@@ -258,7 +259,7 @@ class Engine:
             )
         return outputs
 
-    def _metrics(self, counts: StepCounts, execute_s: float, seq_num_blocks) -> StepMetrics:
+    def _metrics(self, counts: StepCounts, execute_s: float, seq_num_blocks, head_need: int = 0) -> StepMetrics:
         alloc, sched = self.allocator, self.scheduler
         allocated = alloc.allocated_slots
         queried = alloc.queried_tokens
@@ -277,6 +278,7 @@ class Engine:
             host_used_blocks=alloc.host_used_blocks,
             fragmented_slots=alloc.fragmented_slots,
             largest_free_run=alloc.largest_free_run,
+            next_reservation=head_need,
             mean_blocks_per_seq=float(seq_num_blocks.mean()) if len(seq_num_blocks) else 0.0,
             max_blocks_per_seq=int(seq_num_blocks.max()) if len(seq_num_blocks) else 0,
             num_finished=self.num_finished,

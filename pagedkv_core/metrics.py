@@ -74,6 +74,7 @@ class StepMetrics:
     host_used_blocks: int = 0
     fragmented_slots: int = 0  # contiguous: free slots in holes too small for the next reservation
     largest_free_run: int = 0  # contiguous: longest run of free slots
+    next_reservation: int = 0  # contiguous: slots the head of the waiting queue needs in one run (0: none waits)
     mean_blocks_per_seq: float = 0.0
     max_blocks_per_seq: int = 0
     num_finished: int = 0  # requests, cumulative

@@ -6,7 +6,7 @@ needs one, a pool page on the SmolLM2 source takes one in the sidebar, any other
 """
 import streamlit as st
 
-from ui import sessions, workshop
+from ui import layout, sessions, workshop
 from ui.pages_registry import navigation_pages
 from ui.settings import current, sidebar
 
@@ -14,6 +14,7 @@ LIVE_MODEL_PAGE = "live-engine"  # the page that always steps a session's own en
 
 workshop.apply_defaults()
 st.set_page_config(page_title="pagedkv: see the KV cache", page_icon=":material/view_module:", layout="wide")
+layout.compact()  # figures above the fold at 1280 x 720; no grey veil or skeletons while a page loads
 
 page = st.navigation(navigation_pages())
 sessions.track()

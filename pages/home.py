@@ -8,6 +8,19 @@ from ui.models import loaded_model, model_kv_shape
 from ui.pages_registry import lessons
 
 st.title("pagedkv: see how an LLM server spends its KV-cache memory")
+CARDS_PER_ROW = 4
+lesson_pages = lessons()
+for row in range(0, len(lesson_pages), CARDS_PER_ROW):  # the lessons first: something to click above the fold
+    for col, page in zip(st.columns(CARDS_PER_ROW), lesson_pages[row:row + CARDS_PER_ROW]):
+        with col.container(border=True, height="stretch"):
+            st.markdown(f"**{page.lesson}. {page.title}**")
+            st.caption(page.description)
+            with st.container(horizontal=True, gap=None):
+                st.page_link(page.path, label="Open", icon=page.icon, help="Free play: the sidebar's settings.")
+                st.page_link(page.path, label="Guide", icon=":material/school:", query_params={"guide": "on"},
+                             help="Open the lesson in guide mode: a fixed walkthrough with Next / Previous.")
+                st.page_link(page.path, label="Slides", icon=":material/slideshow:", query_params={"present": "on"},
+                             help="Open the guide as slides for a projector (presenter mode).")
 st.markdown(
     """
 Every token a language model has read or written leaves a **key** and a **value** vector in every
@@ -23,6 +36,8 @@ longest possible answer for each request in one contiguous piece.
 - Internal fragmentation (the unfilled end of a block), external fragmentation (holes between
   reservations) and reservation waste (space kept for tokens that never come).
 - Prefix sharing, copy-on-write, preemption by swap or recompute, and how block size changes all of it.
+- Real production traffic: how much of it a prefix cache can serve, how big the cache must be, and why a hit
+  rate is low.
 
 **How to use it**
 1. Pick the engine settings in the sidebar; they apply to every page on its next run.
@@ -38,13 +53,9 @@ longest possible answer for each request in one contiguous piece.
 """
 )
 
-st.header("Lessons, in teaching order")
-st.markdown("Each lesson runs on the real engine and has a **Guide mode**: a fixed, seeded walkthrough with "
-            "Next / Previous, so a workshop sees the same thing on every screen.")
-for page in lessons():
-    c = st.columns([2, 5])
-    c[0].page_link(page.path, label=f"{page.lesson}. {page.title}")
-    c[1].caption(page.description)
+st.caption("The lessons above, in teaching order, each run on the real engine and each have a **Guide mode** (a fixed, "
+           "seeded walkthrough with Next / Previous, so a workshop sees the same thing on every screen) and slides. "
+           "The README's *40-minute workshop script* says which to open, in which mode, for how long.")
 
 st.header("The KV-cache arithmetic of the loaded model")
 lm = loaded_model()

@@ -6,12 +6,10 @@ from ui.lessons import reserve_or_page as lesson
 from ui.runs import current_runs
 
 guided = guide.mode(lesson.KEY, help=lesson.GUIDE_HELP, title="Reserve or page")
-if not presenter.on(lesson.KEY):
-    st.markdown(
-        "The same requests arrive at the same KV memory twice. **Left**: each request reserves room for its "
-        "longest possible answer in one contiguous piece. **Right**: vLLM-style paging hands out small "
-        "blocks as tokens arrive. Press **Play** and watch who gets to run."
-    )
+if not presenter.on(lesson.KEY) and not guided:  # one line above the player: the pools start above the fold
+    st.caption("The same requests on the same KV memory, twice. **Left**: each request reserves room for its longest "
+               "possible answer in one contiguous piece. **Right**: paging hands out small blocks as tokens arrive. "
+               "Press **Play** and watch who gets to run.")
 
 if guided:
     runs = lesson.guided_runs()

@@ -53,11 +53,22 @@ def curve(at, key: str, name: str | None = None) -> list[float]:
 
 # ---------------------------------------------------------------------------- home
 def test_home_links_the_lessons_in_teaching_order():
+    """Lesson cards come right under the title (something to click above the fold), in teaching
+    order, each with a link to the page, its guide and its slides."""
+    from ui.pages_registry import lessons
+
     at = open_page("pages/home.py")
-    labels = [p.proto.label for p in at.get("page_link")]
-    want = ["Reserve or page", "Live engine", "Prefix sharing", "Under pressure", "Block size", "Ops dashboard"]
-    positions = [next(i for i, lab in enumerate(labels) if w in lab) for w in want]
-    assert positions == sorted(positions), labels
+    titles = [m.value for m in at.markdown if m.value.startswith("**") and m.value[2:3].isdigit()]
+    want = ["Reserve or page", "Live engine", "Prefix sharing", "Under pressure", "Block size", "Ops dashboard",
+            "Real traffic"]
+    positions = [next(i for i, t in enumerate(titles) if w in t) for w in want]
+    assert positions == sorted(positions), titles
+    first_prose = next(i for i, m in enumerate(at.markdown) if "Every token a language model" in m.value)
+    assert first_prose > max(i for i, m in enumerate(at.markdown) if m.value in titles)  # the cards come first
+    links = [(p.proto.label, p.proto.page) for p in at.get("page_link")]
+    for page in lessons():
+        for label in ("Open", "Guide", "Slides"):
+            assert any(lab == label and page.url_path in target for lab, target in links), (page.url_path, label, links)
 
 
 # ---------------------------------------------------------------------------- block size (scripted)

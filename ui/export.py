@@ -48,10 +48,11 @@ def sampled_steps(num_steps: int, max_frames: int = MAX_FRAMES) -> list[int]:
     return sorted({int(round(x)) for x in np.linspace(0, num_steps - 1, max(2, max_frames))})
 
 
-def frame_cells(snap, max_cells: int = MAX_CELLS) -> PoolCells:
+def frame_cells(snap, max_cells: int = MAX_CELLS, grid_block: int | None = None) -> PoolCells:
     """The snapshot's pool cut into at most ``max_cells`` cells: per slot when it fits, else cells
-    of whole blocks (the pages' level-of-detail rule, :func:`ui.pool_cells.pool_cells`)."""
-    return pool_cells(snap.slot_state, snap.slot_owner, max(1, snap.block_size), max_cells=max_cells,
+    of whole blocks (the pages' level-of-detail rule, :func:`ui.pool_cells.pool_cells`).
+    ``grid_block``: the grid's unit instead of the snapshot's block size (one grid for every run)."""
+    return pool_cells(snap.slot_state, snap.slot_owner, max(1, grid_block or snap.block_size), max_cells=max_cells,
                       max_groups=max_cells)
 
 
@@ -77,18 +78,17 @@ def animation_figure(runs: Sequence, title: str, *, max_frames: int = MAX_FRAMES
     if not runs or not all(r.num_steps for r in runs):
         raise ValueError("every run to export needs at least one step")
     num_steps = max(r.num_steps for r in runs)
+    block = max(max(1, r.at(0).block_size) for r in runs)  # one grid for all: contiguous pools on the paged one's
     layout = []  # per run: (slots per cell, cells per row)
     for r in runs:
-        snap = r.at(0)
-        cells = frame_cells(snap)
-        unit = max(1, snap.block_size) if cells.per_slot else 1
-        layout.append((cells.slots_per_cell, grid_columns(cells.num_cells, unit)))
-    total_cells = sum(frame_cells(r.at(0)).num_cells for r in runs)
+        cells = frame_cells(r.at(0), grid_block=block)
+        layout.append((cells.slots_per_cell, grid_columns(cells.num_cells, block if cells.per_slot else 1)))
+    total_cells = sum(frame_cells(r.at(0), grid_block=block).num_cells for r in runs)
     frames_cap = max(2, min(max_frames, MAX_VALUES // max(1, total_cells)))
     steps = sampled_steps(num_steps, frames_cap)
 
     def z(run, width, step):
-        return _grid(cell_codes(frame_cells(run.at(step))), width)
+        return _grid(cell_codes(frame_cells(run.at(step), grid_block=block)), width)
 
     def heading(step):
         return f"{title} · step {step} of {num_steps - 1}<br><sup>" + "<br>".join(_summary(r, step) for r in runs) + "</sup>"

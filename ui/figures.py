@@ -158,15 +158,18 @@ def slot_hover_text(snap, request_ids: list[str], token_text=None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- level of detail
-def snapshot_cells(snap, window=None) -> PoolCells:
-    """The snapshot's pool (or the ``window`` = (lo, hi) of it) cut into heatmap cells."""
-    return pool_cells(snap.slot_state, snap.slot_owner, max(1, snap.block_size), window=window)
+def snapshot_cells(snap, window=None, grid_block: int | None = None) -> PoolCells:
+    """The snapshot's pool (or the ``window`` = (lo, hi) of it) cut into heatmap cells.
+    ``grid_block``: the unit of the grid (cells per row a whole number of it, cells of whole
+    units) instead of the snapshot's block size; pools drawn side by side pass the same one, so a
+    contiguous pool (block size 1) and a paged pool get the same grid and cell size."""
+    return pool_cells(snap.slot_state, snap.slot_owner, max(1, grid_block or snap.block_size), window=window)
 
 
 def snapshot_heatmap(snap, request_ids, title: str, *, token_text=None, window=None,
-                     height: int = 420) -> tuple[go.Figure, PoolCells]:
+                     height: int = 420, grid_block: int | None = None) -> tuple[go.Figure, PoolCells]:
     """The pool of ``snap`` at its level of detail (see :mod:`ui.pool_cells`), and the cells drawn."""
-    cells = snapshot_cells(snap, window)
+    cells = snapshot_cells(snap, window, grid_block)
     return cells_heatmap(cells, title, request_ids, token_text=token_text, snapshot=snap, height=height), cells
 
 

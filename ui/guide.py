@@ -40,7 +40,8 @@ def _from_url(key: str) -> None:
     if st.session_state.get(done):
         return
     st.session_state[done] = True
-    if st.query_params.get("guide", "").lower() in ("1", "on", "true", "yes") or presenter.on(key):
+    presenting = presenter.on(key)  # reads ?present= first: it turns the guide on unless guide=off
+    if st.query_params.get("guide", "").lower() in ("1", "on", "true", "yes") or (presenting and st.session_state.get(f"{key}_guide")):
         st.session_state[f"{key}_guide"] = True
         raw = st.query_params.get("guide_step", "")
         if raw.isascii() and raw.isdigit() and int(raw) >= 1:  # "²".isdigit() is True, int("²") fails
@@ -49,20 +50,17 @@ def _from_url(key: str) -> None:
 
 def mode(key: str, help: str | None = None, *, title: str | None = None) -> bool:
     """The page's title (when given) with the Guide-mode and Presenter-mode toggles beside it. True
-    while the guide is on (presenter mode implies it; :func:`ui.presenter.on` tells the two apart)."""
+    while the guide is on (:func:`ui.presenter.on` says whether it is shown as slides; presenter
+    mode with the guide off is free play on a projector)."""
     _from_url(key)
     guide_key = f"{key}_guide"
-
-    def changed() -> None:
-        if not st.session_state.get(guide_key):
-            st.session_state[f"{key}_present"] = False
 
     with st.container(horizontal=True, gap="large", vertical_alignment="center"):
         if title:
             st.title(title, width="content")
         with st.container(horizontal=True, gap="large", vertical_alignment="center", width="content"):  # wrap together
             on = st.toggle(
-                "Guide mode", key=guide_key, on_change=changed,
+                "Guide mode", key=guide_key,
                 help=help or "A fixed, seeded walkthrough with Next / Previous: everyone in a workshop sees the same steps.",
             )
             presenter.toggle(key, guide_key)

@@ -461,8 +461,8 @@ def _per_slot_layers(cells: PoolCells, request_ids, token_text, snapshot, detail
     return layers
 
 
-def _aggregate_layers(cells: PoolCells, detail: bool) -> list[_Layer]:
-    bs = cells.block_size
+def _aggregate_layers(cells: PoolCells, detail: bool, blocks: bool = True) -> list[_Layer]:
+    bs = cells.block_size if blocks else 1  # a contiguous pool cut on a paged pool's grid has no blocks to name
     starts, stops = cells.starts, cells.stops
     present = [s for s in range(NUM_STATES) if cells.state_totals[s] > 0]
     num_owners = (cells.owner_counts > 0).sum(axis=1)
@@ -532,13 +532,16 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
         raise ValueError(f"token_text must be a callable or a mapping, got {type(token_text).__name__}")
     n = cells.num_cells
     width = grid_columns(n, cells.block_size if cells.per_slot else 1)
+    # The cells' block size is the grid's unit; it names allocator blocks unless the snapshot is a
+    # contiguous pool drawn on a paged pool's grid (``grid_block`` of :func:`ui.figures.snapshot_cells`).
+    blocks = snapshot is None or snapshot.num_blocks > 0 or snapshot.block_size == cells.block_size
     rows = -(-n // width)
     codes = cell_codes(cells)
 
     def build(detail: bool) -> list[_Layer]:
         if cells.per_slot:
             return _per_slot_layers(cells, list(request_ids), token_text, snapshot, detail)
-        return _aggregate_layers(cells, detail)
+        return _aggregate_layers(cells, detail, blocks)
 
     layers = build(True)
     if sum(layer.nbytes() for layer in layers) > HOVER_BYTES:
@@ -552,7 +555,7 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
                                    marker=dict(symbol="circle", size=4, color=SHARED_DOT_COLOR)))
     bs = cells.block_size
     lines = []
-    if cells.per_slot and 1 < bs < width and width // bs <= 32:  # block boundaries, when wide enough to see
+    if blocks and cells.per_slot and 1 < bs < width and width // bs <= 32:  # block boundaries, when wide enough to see
         lines = [dict(type="line", xref="x", yref="paper", x0=x - 0.5, x1=x - 0.5, y0=0, y1=1,
                       line=dict(width=1.5, color="white")) for x in range(bs, width, bs)]
 
@@ -560,8 +563,8 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
     if cells.per_slot:
         x_title = f"{width} slots a row"
     else:
-        blocks = f" ({cells.blocks_per_cell} blocks)" if cells.block_size > 1 and cells.blocks_per_cell else ""
-        x_title = f"{width} cells a row; a cell = {spc:,} slots{blocks}"
+        in_blocks = f" ({cells.blocks_per_cell} blocks)" if blocks and cells.block_size > 1 and cells.blocks_per_cell else ""
+        x_title = f"{width} cells a row; a cell = {spc:,} slots{in_blocks}"
     ticks = np.unique(np.linspace(0, rows - 1, num=min(rows, 6)).round().astype(int)).tolist()
     # One layout, given whole to the constructor: plotly validates it once (update_layout and
     # update_*axes each validate again, which took most of the figure's time at 1M slots).

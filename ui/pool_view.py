@@ -37,10 +37,12 @@ def zoom_control(key: str, num_slots: int, block_size: int = 1, *, where=None):
 
 
 def pool_chart(snap, request_ids, title: str, *, key: str, window=None, token_text=None, height: int = 420,
-               png_name: str | None = None):
+               png_name: str | None = None, grid_block: int | None = None):
     """The pool of ``snap`` (or the ``window`` of it) as a heatmap, with the slots of each state
-    in a caption under it. Returns the cells drawn (:class:`ui.pool_cells.PoolCells`)."""
-    fig, cells = snapshot_heatmap(snap, request_ids, title, token_text=token_text, window=window, height=height)
+    in a caption under it. Returns the cells drawn (:class:`ui.pool_cells.PoolCells`).
+    ``grid_block``: one grid for pools drawn side by side (:func:`ui.figures.snapshot_cells`)."""
+    fig, cells = snapshot_heatmap(snap, request_ids, title, token_text=token_text, window=window, height=height,
+                                  grid_block=grid_block)
     st.plotly_chart(fig, width="stretch", key=key, config=export.png_config(png_name or key))
     st.caption(state_counts(cells))
     return cells

@@ -1,9 +1,11 @@
 """Presenter mode: a lesson's guide as slides for a projector.
 
 One figure and its narration at a time, in large type, the sidebar out of the way, and Next /
-Previous on the arrow keys (``st.button(shortcut=...)``, Streamlit 1.67). It is the guide with a
-different layout, so turning it on turns guide mode on too. ``?present=on`` in a lesson's URL
-opens it (with ``guide_step`` to pick the slide).
+Previous on the arrow keys (``st.button(shortcut=...)``, Streamlit 1.67). With guide mode on it is
+the guide with a different layout; with guide mode off it is free play on a projector (the
+player and the lesson's figures, large, without the sidebar). ``?present=on`` in a lesson's URL
+opens the guide's slides (with ``guide_step`` to pick the slide); ``?present=on&guide=off`` opens
+free play in presenter mode.
 
 The layout is sized for 1280 x 720, the lowest common projector resolution: the page's chrome
 (Streamlit's header, the sidebar) is hidden and the type is scaled up with a style sheet, and
@@ -46,14 +48,16 @@ def _state_key(key: str) -> str:
 
 
 def from_url(key: str) -> None:
-    """Once per page and session: ``?present=on`` turns presenter mode (and guide mode) on."""
+    """Once per page and session: ``?present=on`` turns presenter mode (and guide mode, unless the
+    link says ``guide=off``) on."""
     done = f"_{key}_present_url"
     if st.session_state.get(done):
         return
     st.session_state[done] = True
     if st.query_params.get(PARAM, "").lower() in ("1", "on", "true", "yes"):
         st.session_state[_state_key(key)] = True
-        st.session_state[f"{key}_guide"] = True
+        if st.query_params.get("guide", "").lower() not in ("0", "off", "false", "no"):
+            st.session_state[f"{key}_guide"] = True
 
 
 def on(key: str) -> bool:
@@ -63,16 +67,13 @@ def on(key: str) -> bool:
 
 
 def toggle(key: str, guide_key: str) -> bool:
-    """The Presenter-mode toggle (beside Guide mode). Turning it on turns the guide on."""
+    """The Presenter-mode toggle (beside Guide mode): the guide's slides while the guide is on,
+    free play in large type without the sidebar while it is off."""
     from_url(key)
-
-    def changed() -> None:
-        if st.session_state.get(_state_key(key)):
-            st.session_state[guide_key] = True
-
-    value = st.toggle("Presenter mode", key=_state_key(key), on_change=changed,
-                      help="Slides for a projector: large type, no sidebar, one figure and its narration at a time, "
-                           f"← and → for Previous and Next. `?{PARAM}=on` in the URL opens it.")
+    value = st.toggle("Presenter mode", key=_state_key(key),
+                      help="For a projector: large type, no sidebar. With Guide mode on, one figure and its narration "
+                           "at a time, ← and → for Previous and Next; with Guide mode off, the player and the figures. "
+                           f"`?{PARAM}=on` in the URL opens the guide's slides, `?{PARAM}=on&guide=off` free play.")
     if value:
         style()
     return value

@@ -14,12 +14,15 @@ import streamlit as st
 from pagedkv_core.allocator import CONTIGUOUS_POLICIES
 from pagedkv_core.waste import CLASSES
 from pagedkv_core.workloads import Workload
-from ui import export, pool_view, predict, settings
+from ui import export, guide, pool_view, predict, presenter, settings
 from ui.predict import Prediction
-from ui.figures import LEGEND
+from ui.figures import LEGEND, snapshot_heatmap, step_curves
 from ui.runs import BASELINE_LABELS, RESERVES, Run, current_workload, named_workload, report_stops, scripted_runs
 
 KEY = "base"
+GUIDE_SEED = 0
+GUIDE_HELP = ("A fixed walkthrough of the default requests (200 of Azure's conversation requests, the trace's "
+              "4,096-slot pool, blocks of 16, the engine's default settings, seed 0), whatever the sidebar says.")
 ALLOCATORS = (*CONTIGUOUS_POLICIES.values(), "paged")  # Orca Max, Pow2, Oracle, then vLLM's paging
 DEFAULT_WORKLOAD = "azure-conv-small"
 # Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention",
@@ -152,6 +155,22 @@ def differences(workload: Workload, runs: list[Run], config: dict) -> str:
     )
 
 
+# ---------------------------------------------------------------------------- settings
+def settings_note(workload: Workload, config: dict, is_default: bool) -> str:
+    """Which of the sidebar's settings this page applies, and which it does not, in two sentences."""
+    pool = ("the sidebar's pool size" if config["pool_slots"] != workload.pool_slots or not is_default
+            else f"the trace's own pool ({workload.pool_slots:,} slots) while the sidebar's pool size is at its default")
+    return (
+        "**Sidebar settings on this page.** Applied: block size, watermark, preemption mode and swap pool, prefix "
+        f"caching, seed, {pool}, and the workload once you change it from its default (a named scenario or a workload "
+        "file replaces the Azure requests). Not applied: *Contiguous policy* (all three Orca baselines run here), "
+        "*Token source* and the model (the four runs use scripted tokens, so they are instant and exact; the real "
+        "model's text does not change where memory goes), and *Replay a trace* (a replay holds one allocator's run, "
+        "this page needs four). Guide mode ignores the sidebar: it runs the default requests with the engine's "
+        "default settings."
+    )
+
+
 # ---------------------------------------------------------------------------- drawing
 def busiest_step(runs: list[Run]) -> int:
     """The step the page opens at: the paged run's peak of running sequences (the contiguous
@@ -160,20 +179,57 @@ def busiest_step(runs: list[Run]) -> int:
     return running.index(max(running)) if running else 0
 
 
-def pools(runs: list[Run], step: int) -> None:
-    """The four pools at ``step``, two by two (each run held at its last step once it has finished)."""
-    first = runs[0].at(0)
-    window = pool_view.zoom_control(KEY, first.num_slots, max(r.at(0).block_size for r in runs))
-    cols = [c for _ in range(0, len(runs), 2) for c in st.columns(2, gap="large")]
+def grid_block(runs: list[Run]) -> int:
+    """The unit of the one grid the four pools share: the paged run's block size (the contiguous
+    runs have blocks of one slot), so every pool has the same cells per row and cell size."""
+    return max(max(1, r.at(0).block_size) for r in runs)
+
+
+def pool_title(run: Run, step: int) -> str:
+    snap = run.at(step)
+    m = snap.metrics
+    when = f"step {snap.step}" if step < run.num_steps else f"finished at step {snap.step}"
+    return f"{BASELINE_LABELS[run.allocator]}, {when}: {m.num_running} running, {m.num_waiting} waiting"
+
+
+def pools(runs: list[Run], step: int, *, height: int = 300) -> None:
+    """The four pools at ``step``, two by two, on one grid (each run held at its last step once it
+    has finished)."""
+    unit = grid_block(runs)
+    window = pool_view.zoom_control(KEY, runs[0].at(0).num_slots, unit)
+    cols = [c for _ in range(0, len(runs), 2) for c in st.columns(2, gap="medium")]
     for col, run in zip(cols, runs):
         with col:
-            snap = run.at(step)
-            m = snap.metrics
-            st.markdown(f"**{BASELINE_LABELS[run.allocator]}**")
-            st.caption(RESERVES.get(run.allocator, f"blocks of {snap.block_size}, allocated as tokens arrive"))
-            when = f"step {snap.step}" if step < run.num_steps else f"finished at step {snap.step}"
-            pool_view.pool_chart(snap, run.request_ids, f"{when}: {m.num_running} running, {m.num_waiting} waiting",
-                                 key=f"{KEY}_heat_{run.allocator}", window=window, height=340)
+            pool_view.pool_chart(run.at(step), run.request_ids, pool_title(run, step), key=f"{KEY}_heat_{run.allocator}",
+                                 window=window, height=height, grid_block=unit)
+    st.caption(LEGEND + ". " + " · ".join(f"**{BASELINE_LABELS[a]}** {w}" for a, w in RESERVES.items())
+               + f" · **{BASELINE_LABELS['paged']}** takes blocks of {unit} as tokens arrive.")
+
+
+def pools_figure(runs: list[Run], step: int) -> go.Figure:
+    """The four pools at ``step`` side by side in one figure (a slide), on one grid."""
+    unit = grid_block(runs)
+    figs = [snapshot_heatmap(r.at(step), r.request_ids, "", grid_block=unit)[0] for r in runs]
+    titles = []
+    for r in runs:
+        m = r.at(step).metrics
+        titles.append(f"{BASELINE_LABELS[r.allocator]}: {m.num_running} running, {m.num_waiting} waiting")
+    return presenter.side_by_side(figs, titles, f"{runs[0].at(0).num_slots:,} KV slots each, step {step}")
+
+
+def running_figure(runs: list[Run], step: int | None = None) -> go.Figure:
+    """Sequences running per step on each allocator."""
+    n = max(r.num_steps for r in runs)
+    fig = step_curves(range(n), {BASELINE_LABELS[r.allocator]: r.metric("num_running", steps=n) for r in runs},
+                      "Requests running at once, per step", "running", percent=False, current_step=step)
+    for trace, color in zip(fig.data, RUN_COLORS):
+        trace.line.color = color
+    fig.update_xaxes(range=[0, n - 1])
+    fig.update_yaxes(tickformat=",d")
+    return fig
+
+
+RUN_COLORS = ("#c2410c", "#f59e0b", "#7c3aed", "#1d4ed8")  # Orca Max, Pow2, Oracle, paged
 
 
 def predictions(runs: list[Run]) -> list[Prediction]:
@@ -201,11 +257,99 @@ def predictions(runs: list[Run]) -> list[Prediction]:
     ]
 
 
+def guided_runs() -> tuple[list[Run], Workload, dict]:
+    """The guide's fixed runs: the default requests, the trace's pool, the engine's defaults."""
+    workload = named_workload(DEFAULT_WORKLOAD, GUIDE_SEED)
+    config = {k: settings.BY_KEY[k].default for k in settings.ENGINE_KEYS}
+    config.update(pool_slots=workload.pool_slots, seed=GUIDE_SEED)
+    return baseline_runs(workload, **config), workload, config
+
+
+def guide_steps(runs: list[Run], workload: Workload) -> list[guide.GuideStep]:
+    """The walkthrough: every number is read off the four runs. ``show``: the step of the pools
+    and the slide's figure (``figure``: pools, waste, share or running)."""
+    by = {r.allocator: r for r in runs}
+    omax, pow2, oracle, paged = (by[a] for a in ALLOCATORS)
+    busy = busiest_step(runs)
+    pool = runs[0].at(0).num_slots
+    block = grid_block(runs)
+    last_arrival = max(r.arrival_step for r in workload.requests)
+    at = {a: by[a].at(busy).metrics for a in ALLOCATORS}
+    q, w = predictions(runs)
+    steps = {a: by[a].num_steps for a in ALLOCATORS}
+    peaks = {a: running_stats(by[a])[0] for a in ALLOCATORS}
+    shares = ", ".join(f"{BASELINE_LABELS[r.allocator]} {r.waste['token_share']:.0%} (paper {PAPER_TOKEN_SHARE[r.allocator]:.0%})"
+                       for r in runs)
+    return [
+        guide.GuideStep("One trace, four allocators", (
+            f"{len(workload.requests)} real requests from Azure's conversation trace arrive at their recorded times "
+            f"into four pools of {pool:,} slots each, the last at step {last_arrival}. Orca Max, Pow2 and Oracle "
+            f"reserve each request's room in one piece when they admit it; paging takes blocks of {block} as its "
+            "tokens arrive."), {"step": 0, "figure": "pools"}),
+        guide.GuideStep("Reserving for the longest answer", (
+            f"Step {busy}, the busiest moment for paging. Orange is reserved but holds no token yet. Orca Max runs "
+            f"{at['contiguous'].num_running} requests with {at['contiguous'].num_waiting} waiting; Pow2 runs "
+            f"{at['contiguous-pow2'].num_running}, Oracle {at['contiguous-oracle'].num_running}, paging "
+            f"{at['paged'].num_running}."), {"step": busy, "figure": "pools"},
+            predict=q, reveal={"figure": "waste"}),
+        guide.GuideStep("Knowing the answer's length", (
+            "Pow2 reserves the answer's real length rounded up to a power of two, Oracle exactly that length: both know "
+            "each answer in advance, which no real server does, so they bound what reserving ahead could ever do. "
+            f"Oracle still keeps {oracle.waste['external']:.1%} of the pool in holes too small for the next reservation "
+            "(dusty red) on average: it cannot share them."), {"step": busy, "figure": "pools"}),
+        guide.GuideStep("Paging", (
+            f"Paging holds only the blocks its sequences have filled, plus the unfilled end of each one's last block. "
+            f"At step {busy} it runs {at['paged'].num_running} requests, against {at['contiguous'].num_running} on "
+            "Orca Max, in the same memory."), {"step": busy, "figure": "pools"},
+            predict=w, reveal={"figure": "share"}),
+        guide.GuideStep("Who finishes first", (
+            f"The same {len(workload.requests)} requests take Orca Max {steps['contiguous']:,} steps, Pow2 "
+            f"{steps['contiguous-pow2']:,}, Oracle {steps['contiguous-oracle']:,} and paging {steps['paged']:,}. At "
+            f"most {peaks['contiguous']}, {peaks['contiguous-pow2']}, {peaks['contiguous-oracle']} and "
+            f"{peaks['paged']} requests run at once."), {"step": busy, "figure": "running"}),
+        guide.GuideStep("The paper's numbers and ours", (
+            f"Token share, measured here and in the paper: {shares}. The paper served OPT-13B on ShareGPT on a GPU; "
+            "the model, the traffic and the pool differ, so compare the order and the gaps, not the digits."),
+            {"step": busy, "figure": "share"}),
+    ]
+
+
+def step_figure(runs: list[Run], show: dict) -> go.Figure | None:
+    """The figure a guide step names, besides the pools (None for the pools themselves)."""
+    which = show.get("figure", "pools")
+    if which == "waste":
+        return waste_figure(runs)
+    if which == "share":
+        return token_share_figure(runs)
+    if which == "running":
+        return running_figure(runs, int(show["step"]))
+    return None
+
+
+def slide(runs: list[Run], show: dict) -> None:
+    """Presenter mode: the step's one figure (the four pools in one figure, or a chart)."""
+    fig = step_figure(runs, show)
+    if fig is None:
+        presenter.slide(pools_figure(runs, int(show["step"])), KEY, LEGEND)
+    else:
+        presenter.slide(fig, KEY)
+
+
+def show_guide(runs: list[Run], workload: Workload) -> None:
+    """Guide mode: narration, prediction and buttons, the step's chart, then the four pools."""
+    show = guide.nav(KEY, guide_steps(runs, workload)).show
+    if presenter.on(KEY):
+        slide(runs, show)
+        return
+    fig = step_figure(runs, show)
+    if fig is not None:
+        st.plotly_chart(fig, width="stretch", key=f"{KEY}_guide_figure", config=export.png_config(f"{KEY}-guide"))
+    pools(runs, int(show["step"]))
+
+
 def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool) -> None:
     report_stops(runs)
     n = max(r.num_steps for r in runs)
-    st.caption(("Default requests: " if is_default else "The sidebar's workload: ") + workload.description
-               + f" · pool {config['pool_slots']:,} slots, blocks of {config['block_size']}, seed {config['seed']}.")
     step_key = f"{KEY}_step"
     if step_key not in st.session_state:
         st.session_state[step_key] = busiest_step(runs)
@@ -214,8 +358,12 @@ def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool)
     step = st.slider("Step (all four pools)", 0, max(1, n - 1), key=step_key,
                      help="One step for the four runs; a run that has finished stays at its last step. The page opens "
                           "where paging runs the most requests at once.")
-    pools(runs, step)
-    st.caption(LEGEND)
+    if presenter.on(KEY):  # free play on a projector: the four pools in one figure
+        presenter.slide(pools_figure(runs, step), KEY, LEGEND)
+    else:
+        pools(runs, step)
+    st.caption(("Default requests: " if is_default else "The sidebar's workload: ") + workload.description
+               + f" · pool {config['pool_slots']:,} slots, blocks of {config['block_size']}, seed {config['seed']}.")
     st.subheader("Before the numbers: predict")
     answers = [predict.ask(p, KEY) for p in predictions(runs)]
     st.caption(predict.score_text())
@@ -225,6 +373,13 @@ def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool)
     st.plotly_chart(waste_figure(runs), width="stretch", key=f"{KEY}_waste", config=export.png_config(f"{KEY}-waste"))
     st.plotly_chart(token_share_figure(runs), width="stretch", key=f"{KEY}_token_share",
                     config=export.png_config(f"{KEY}-token-share"))
+    st.plotly_chart(running_figure(runs, step), width="stretch", key=f"{KEY}_running",
+                    config=export.png_config(f"{KEY}-running"))
     st.dataframe(summary_rows(runs), hide_index=True, width="stretch")
     st.markdown(differences(workload, runs, config))
     st.caption(f"Quoted: {PAPER}. The breakdown's classes: " + "; ".join(CLASS_WORDS.values()) + ".")
+
+
+def download(runs: list[Run]) -> None:
+    export.download_animation(runs, KEY, "Real traffic: Azure's requests on Orca Max, Pow2, Oracle and paged blocks",
+                              "baselines")

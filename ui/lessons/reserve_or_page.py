@@ -12,7 +12,9 @@ from ui.predict import Prediction, range_options
 from ui.runs import REAL_MAX_TOKENS, Run, advance_live, allocator_title, live_texts, scripted_pair
 
 KEY = "rop"
-GUIDE_HELP = "A fixed walkthrough of explainer40 (2,048 slots, block size 16, seed 0) with Next / Previous."
+GUIDE_WORKLOAD, GUIDE_POOL, GUIDE_BLOCK, GUIDE_SEED = "explainer40", 2048, 16, 0
+GUIDE_HELP = (f"A fixed walkthrough of {GUIDE_WORKLOAD} ({GUIDE_POOL:,} slots, block size {GUIDE_BLOCK}, seed {GUIDE_SEED}) "
+              "with Next / Previous, whatever the sidebar says.")
 
 
 def side_label(run: Run) -> str:
@@ -28,28 +30,49 @@ def empty_pool_figure(run: Run, height: int = 420):
                              height=height)[0]
 
 
-def side(run: Run, step: int, conceal: bool = False, window=None) -> None:
+POOL_HEIGHT = 360  # px: the pools start above the fold at 1280 x 720, under one row of player buttons
+
+
+def side(run: Run, step: int, conceal: bool = False, window=None, grid_block: int | None = None) -> None:
+    """One allocator's pool at ``step``, its numbers under it (the pool first: it is what a class
+    looks at, and at 1280 x 720 it starts above the fold). ``grid_block``: the grid both sides share."""
     snap = run.at(step)
     m = snap.metrics
-    st.subheader(side_label(run))
+    st.markdown(f"#### {side_label(run)}")
     if conceal:
-        st.plotly_chart(empty_pool_figure(run), width="stretch", key=f"{KEY}_heat_{run.allocator}",
+        st.plotly_chart(empty_pool_figure(run, POOL_HEIGHT), width="stretch", key=f"{KEY}_heat_{run.allocator}",
                         config=export.png_config(f"{KEY}-{run.allocator}"))
         st.caption(f"{len(run.request_ids)} requests waiting. Answer the prediction above to run step 0.")
         return
+    pool_view.pool_chart(snap, run.request_ids, f"{snap.num_slots:,} KV slots at step {snap.step}",
+                         key=f"{KEY}_heat_{run.allocator}", window=window, token_text=run.token_text or None,
+                         png_name=f"{KEY}-{run.allocator}", height=POOL_HEIGHT,
+                         grid_block=grid_block)
     c = st.columns(3) + st.columns(3)
-    c[0].metric("running", m.num_running, help="sequences computed in this step")
+    c[0].metric("running", m.num_running, help="sequences running at the end of this step (one that finished in "
+                "it counts as finished): running + waiting + swapped + finished + rejected = the requests arrived")
     c[1].metric("waiting", m.num_waiting, help="requests queued for admission")
     c[2].metric("tokens this step", m.step_tokens, help="prefill + decode tokens computed in this step")
     c[3].metric("token utilization", f"{m.token_utilization:.0%}", help="slots holding a token / allocated slots")
     c[4].metric("KV usage", f"{m.kv_usage:.0%}", help="allocated (reserved) slots / pool")
     c[5].metric("preemptions", m.num_preemptions, help="sequences evicted so far (swap or recompute)")
-    pool_view.pool_chart(snap, run.request_ids, f"{snap.num_slots:,} KV slots at step {snap.step}",
-                         key=f"{KEY}_heat_{run.allocator}", window=window, token_text=run.token_text or None,
-                         png_name=f"{KEY}-{run.allocator}")
     st.caption(f"waiting queue: {queue_text(snap, run.request_ids)} · finished {m.num_finished} · "
                f"rejected {m.num_rejected} · swapped {m.num_swapped}"
-               + (f" · fragmented slots {m.fragmented_slots}" if run.kind == "contiguous" else ""))
+               + (f" · {admission_note(m)}" if run.kind == "contiguous" else ""))
+
+
+def admission_note(m) -> str:
+    """What decides the head of the queue's admission on a contiguous pool, from one step's metrics:
+    it needs ``next_reservation`` slots in one free run. Runs shorter than that are external
+    fragmentation (dusty red) whatever their size; a run that long (grey) takes it at the next step."""
+    if not m.num_waiting:
+        return f"nobody waits: no free slot is fragmented (largest free run {m.largest_free_run:,})"
+    need, largest = m.next_reservation, m.largest_free_run
+    if largest >= need:
+        return (f"the head of the queue needs {need:,} slots in one run; the largest free run, {largest:,}, holds it, "
+                f"so it is admitted at the next step")
+    return (f"the head of the queue needs {need:,} slots in one run and the largest free run is {largest:,}: it waits, "
+            f"and the {m.fragmented_slots:,} free slots in runs shorter than {need:,} are external fragmentation")
 
 
 def queue_text(snap, request_ids, shown: int = 6) -> str:
@@ -73,16 +96,20 @@ def utilization_series(runs: list[Run], upto: int | None = None) -> dict[str, li
     return out
 
 
-def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None = None) -> None:
+def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None = None, scrub=None) -> None:
     """Both pools at ``step``, the legend, and the utilization curves (shared by play and guide).
-    ``conceal``: the pools before step 0; ``upto``: the curves only up to that step."""
+    ``conceal``: the pools before step 0; ``upto``: the curves only up to that step; ``scrub``:
+    drawn right under the pools (the player's slider and event strip, as under a video)."""
     n = max(r.num_steps for r in runs)
-    window = None if conceal else pool_view.zoom_control(KEY, runs[0].at(0).num_slots, max(r.at(0).block_size for r in runs))
+    unit = max(max(1, r.at(0).block_size) for r in runs)  # one grid: the contiguous side on the paged one's
+    window = None if conceal else pool_view.zoom_control(KEY, runs[0].at(0).num_slots, unit)
     cols = st.columns(len(runs))
     for col, run in zip(cols, runs):
         with col:
-            side(run, step, conceal, window)
+            side(run, step, conceal, window, unit)
     st.caption(LEGEND)
+    if scrub is not None:
+        scrub()
     if conceal:
         return
     fig = step_curves(range(n), utilization_series(runs, upto), "Token utilization over the run: filled slots / allocated slots"
@@ -117,8 +144,15 @@ def mean_reservation(run: Run, step: int = 0) -> float:
 def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
     """The walkthrough over the fixed run; every step number and every answer is read off the run."""
     contig, paged = runs
-    first_finish = contig.events(FINISH)[0][0]
-    blocked = contig.first(lambda s: s.metrics.fragmented_slots > 0 and s.metrics.num_waiting > 0, start=first_finish + 1)
+    first_finish, finisher = contig.events(FINISH)[0]
+
+    def head_waits(s) -> bool:  # free runs exist, but none is as long as the head's reservation
+        m = s.metrics
+        return m.num_waiting > 0 and 0 < m.largest_free_run < m.next_reservation
+
+    blocked = contig.first(head_waits, start=first_finish)
+    opens = None if blocked is None else contig.first(
+        lambda s: s.metrics.num_waiting > 0 and s.metrics.largest_free_run >= s.metrics.next_reservation, start=blocked)
     preempt = paged.first(lambda s: s.metrics.step_preemptions)
     paged_end, contig_end = paged.num_steps - 1, contig.num_steps - 1
     c0, p0 = contig.at(0).metrics, paged.at(0).metrics
@@ -127,11 +161,15 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
     reserve = mean_reservation(contig)
     u10 = contig.at(10).metrics.token_utilization
     ratio = (contig_end + 1) / (paged_end + 1)
+    mean_c = sum(contig.metric("num_running")) / contig.num_steps
+    mean_p = sum(paged.metric("num_running")) / paged.num_steps
+    cfg = paged.config
     steps = [
-        guide.GuideStep("Forty requests arrive", (
-            f"Before step 0: all {n_req} requests of explainer40 wait at an empty pool of {pool:,} token slots. The "
+        guide.GuideStep(f"{n_req} requests arrive", (
+            f"Before step 0: all {n_req} requests of {GUIDE_WORKLOAD} wait at an empty pool of {pool:,} token slots. The "
             "contiguous side must reserve prompt + max_tokens slots for each request, in one piece, before it runs; "
-            "paging takes only the blocks each prompt fills."), {"step": 0, "conceal": True},
+            f"paging takes only the blocks each prompt fills. (The guide runs this fixed scenario, blocks of "
+            f"{cfg.block_size} and seed {GUIDE_SEED}, whatever the sidebar says.)"), {"step": 0, "conceal": True},
             predict=Prediction(
                 "rop_contiguous_running", f"Predict: how many of the {n_req} requests will the contiguous side run at once?",
                 c0.num_running, f"Each reservation is prompt + max_tokens, {reserve:,.0f} slots on average here, so only "
@@ -148,14 +186,26 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
                 **range_options(u10, UTILIZATION_RANGES)),
             reveal={"step": 10, "upto": 10}),
         guide.GuideStep("A request finishes", (
-            f"Step {first_finish}: the first contiguous reservation is released. The next request in line needs a "
-            f"whole reservation in one piece; only a run of free slots that long will do."), {"step": first_finish}),
+            f"Step {first_finish}: {finisher.request_id} finishes, the first on the contiguous side, and its "
+            "reservation is released. The next request in line needs a whole reservation in one piece; only a run of "
+            "free slots that long will do."), {"step": first_finish}),
     ]
     if blocked is not None:
+        snap = contig.at(blocked)
+        bm = snap.metrics
+        head = queue_text(snap, contig.request_ids, shown=1).split(" ")[0].rstrip(",")
+        free = bm.fragmented_slots  # every free run is shorter than the head's reservation here
+        later = ""
+        if opens is not None:
+            om = contig.at(opens).metrics
+            later = (f" At step {opens} a finish leaves a free run of {om.largest_free_run:,} slots (grey: long enough), "
+                     f"and the head of the queue is admitted into it at step {opens + 1}: admission happens at the "
+                     "start of a step, on the pool the step before left.")
         steps.append(guide.GuideStep("External fragmentation", (
-            f"Step {blocked}: dusty-red slots are free, but they lie in holes too small for the next reservation, "
-            f"so the queue waits although memory is free ({contig.at(blocked).metrics.fragmented_slots} slots)."),
-            {"step": blocked}))
+            f"Step {blocked}: {free:,} slots are free, but the largest free run is {bm.largest_free_run:,} slots and "
+            f"the head of the queue, {head}, needs {bm.next_reservation:,} in one piece (prompt + max_tokens). So "
+            f"every free slot is dusty red, external fragmentation, and the queue waits although memory is free."
+            + later), {"step": blocked}))
     if preempt is not None:
         steps.append(guide.GuideStep("Paging under pressure", (
             f"Step {preempt}: paging admitted so many requests that the pool is already full, and a running "
@@ -168,13 +218,15 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
         f"block per sequence. At step {paged_end // 2} the paged side holds "
         f"{paged.at(paged_end // 2).metrics.num_running} running sequences."), {"step": paged_end // 2}))
     steps.append(guide.GuideStep("Same work, fewer steps", (
-        f"The paged side finishes all {n_req} requests at step {paged_end}. Same model, same memory, same requests: "
-        "only the allocation policy differs."), {"step": paged_end, "upto": paged_end},
+        f"The paged side finishes all {n_req} requests at step {paged_end}, its last: {paged_end + 1:,} steps in all "
+        "(counting from step 0). Same model, same memory, same requests: only the allocation policy differs."),
+        {"step": paged_end, "upto": paged_end},
         predict=Prediction(
             "rop_contiguous_finish", "Predict: compared with the paged side, how many steps will the contiguous side "
-            "need to finish the same work?", why=f"The contiguous side ends at step {contig_end}, {ratio:.1f}× the paged "
-            f"side's {paged_end + 1} steps: it ran about {c0.num_running} requests at a time where paging ran "
-            f"{p0.num_running}.", **range_options(ratio, FINISH_RANGES)),
+            "need to finish the same work?", why=f"The contiguous side's last step is step {contig_end}: "
+            f"{contig_end + 1:,} steps against the paged side's {paged_end + 1:,}, {ratio:.1f}× as many. On average "
+            f"{mean_c:.1f} requests ran at a time on the contiguous side, {mean_p:.1f} on the paged side.",
+            **range_options(ratio, FINISH_RANGES)),
         reveal={"step": contig_end, "upto": None}))
     return sorted(steps, key=lambda g: g.show["step"])  # scrubbing forward, like the run itself
 
@@ -186,8 +238,14 @@ def draw_step(runs: list[Run], show: dict) -> None:
 
 def slide(runs: list[Run], show: dict) -> None:
     """Presenter mode: the two pools side by side in one figure, a line of numbers under each."""
-    step = int(show["step"])
-    if show.get("conceal"):
+    pools_slide(runs, int(show["step"]), conceal=bool(show.get("conceal")))
+
+
+def pools_slide(runs: list[Run], step: int, *, conceal: bool = False) -> None:
+    """The two pools at ``step`` side by side in one large figure (the guide's slide, and free play
+    in presenter mode)."""
+    unit = max(max(1, r.at(0).block_size) for r in runs)
+    if conceal:
         figs = [empty_pool_figure(r) for r in runs]
         titles = [f"{side_label(r)}: {len(r.request_ids)} waiting" for r in runs]
     else:
@@ -195,17 +253,17 @@ def slide(runs: list[Run], show: dict) -> None:
         for r in runs:
             snap = r.at(step)
             m = snap.metrics
-            figs.append(snapshot_heatmap(snap, r.request_ids, "")[0])
+            figs.append(snapshot_heatmap(snap, r.request_ids, "", grid_block=unit)[0])
             titles.append(f"{side_label(r)}: {m.num_running} running, {m.num_waiting} waiting, "
                           f"{m.token_utilization:.0%} of allocated slots hold a token")
-    head = "before step 0" if show.get("conceal") else f"step {step}"
+    head = "before step 0" if conceal else f"step {step}"
     presenter.slide(presenter.side_by_side(figs, titles, f"{runs[0].at(0).num_slots:,} KV slots each, {head}"), KEY,
                     LEGEND)
 
 
 def guided_runs() -> list[Run]:
     """The fixed, seeded scenario of the guide, whatever the sidebar says."""
-    return scripted_pair(build_workload("explainer40", seed=0), pool_slots=2048, block_size=16)
+    return scripted_pair(build_workload(GUIDE_WORKLOAD, seed=GUIDE_SEED), pool_slots=GUIDE_POOL, block_size=GUIDE_BLOCK)
 
 
 def explore(runs: list[Run]) -> None:
@@ -228,8 +286,11 @@ def explore(runs: list[Run]) -> None:
             advance_live(runs, shown + 1 if playing else shown, ahead=player.speed(KEY) if playing else 0)
         n = max(r.num_steps for r in runs)
         step = player.tick(KEY, n, can_grow=live)
-        player.slider(KEY, n, runs=runs)
-        draw(runs, step)
+        if presenter.on(KEY):  # free play on a projector: both pools in one figure, the slider under it
+            pools_slide(runs, step)
+            player.slider(KEY, n, runs=runs)
+            return
+        draw(runs, step, scrub=lambda: player.slider(KEY, n, runs=runs))
 
     show()
 

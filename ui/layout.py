@@ -1,0 +1,30 @@
+"""The page layout every page shares, sized so that a lesson's figures start above the fold at
+1280 x 720 (a projector, a laptop): less empty space above the title and beside the content,
+titles a size smaller, and no grey fade over the figures while a page reruns.
+
+Streamlit's defaults leave 6rem above the title and 5rem on each side of a wide page, and draw
+the elements of the previous run half-transparent (a grey veil) until the new run replaces them;
+on a page that redraws its figures on every step that veil is what a class sees for seconds. A
+chart's code is loaded on demand, and until it is, Streamlit draws a grey skeleton in its place
+(2-3 s on a slow machine): the skeletons keep their room but are not drawn. The style sheet goes
+out as a style-only ``st.html``, which Streamlit puts in no layout slot.
+Presenter mode (:mod:`ui.presenter`) adds its own, larger type on top.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+CSS = """
+<style>
+[data-testid="stMainBlockContainer"] { padding-top: 2.6rem; padding-left: 2.2rem; padding-right: 2.2rem; }
+header[data-testid="stHeader"] { background: transparent; }
+[data-testid="stMain"] h1 { font-size: 1.9rem; padding-top: 0.4rem; padding-bottom: 0.4rem; }
+[data-testid="stMain"] h2 { font-size: 1.6rem; }
+[data-stale="true"] { opacity: 1 !important; transition: none !important; }
+[data-testid="stSkeleton"], [data-testid="stSkeletonElement"] { visibility: hidden !important; }
+</style>
+"""
+
+
+def compact() -> None:
+    st.html(CSS)

@@ -217,15 +217,16 @@ class LLM:
         return int(self.runner.num_slots) * self.runner.bytes_per_slot
 
     # ------------------------------------------------------------------ engines
-    def new_engine(self, recording=None, **overrides) -> Engine:
+    def new_engine(self, recording=None, kv_event_sink=None, **overrides) -> Engine:
         """A fresh engine on this model (the pool is re-bound: earlier engines of this LLM must
         not step again). ``overrides`` replace fields of ``self.config`` (a bigger pool is
         checked against the memory budget first); ``recording``: a Recording or TraceWriter
-        that every step is recorded into."""
+        that every step is recorded into; ``kv_event_sink``: publishes the prefix cache's
+        events (pagedkv_core.observe.publisher.EngineKVEvents)."""
         cfg = dataclasses.replace(self.config, **overrides) if overrides else self.config
         if (cfg.pool_slots, cfg.swap_slots) != (self.config.pool_slots, self.config.swap_slots):
             self._check_budget(PoolPlan(cfg.pool_slots, cfg.swap_slots, self.runner.bytes_per_slot, "new_engine"))
-        self.engine = Engine(cfg, self.runner, recording=recording)
+        self.engine = Engine(cfg, self.runner, recording=recording, kv_event_sink=kv_event_sink)
         return self.engine
 
     @property

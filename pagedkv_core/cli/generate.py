@@ -29,6 +29,7 @@ from ..sampling import SamplingParams
 from ..trace_prompts import trace_requests
 from ..workloads import MAX_REQUESTS, read_trace_rows
 from .flags import add_engine_args, config_from_args, engine_settings
+from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
 from .parsing import trace_writer
 from .summary import summary_table
 
@@ -80,6 +81,7 @@ def register(subparsers) -> None:
                         + POOL_DEFAULT.replace("%", "%%"))
     p.add_argument("--trace-out", metavar="PATH", help="write every step's snapshot as JSON lines")
     p.add_argument("--json", action="store_true", help="print one JSON object: outputs and summary")
+    add_kv_events_args(p)
     p.set_defaults(func=cmd_generate)
 
 
@@ -169,7 +171,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ..model.loader import ModelLoadError  # no torch
 
     # Every check that needs neither torch nor the model first: a bad value fails at once.
-    config_from_args(args, pool_slots=args.pool_slots or DEFAULT_CPU_SLOTS)
+    check_kv_events(args, config_from_args(args, pool_slots=args.pool_slots or DEFAULT_CPU_SLOTS).allocator)
     sizing = _pool_sizing(args)
     _sampling(args, None)
     if args.trace_out:
@@ -197,6 +199,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     writer = engine = None
     if args.trace_out:
         writer = trace_writer(args.trace_out, {"model": llm.loaded.name, "prompts": [p for p, _ in items]})
+    sink = open_kv_events(args, llm.config.block_size)  # closed at exit (cli.kv_events)
+    if sink is not None:
+        engine = llm.new_engine(recording=writer, kv_event_sink=sink)
+    elif writer is not None:
         engine = llm.new_engine(recording=writer)
     try:
         outputs = llm.generate([p for p, _ in items], params, chat=args.chat, engine=engine,
@@ -206,6 +212,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             writer.close()
     summary = dict(llm.last_summary or {})
     summary["model"] = llm.loaded.name
+    if sink is not None:
+        summary["kv_events"] = sink.summary()
     rows = []
     for o in outputs:
         first = o.outputs[0] if o.outputs else None

@@ -4,8 +4,12 @@ next port unless ``--kv-events-replay`` says otherwise), ``tcp://HOST:PORT`` con
 from __future__ import annotations
 
 import argparse
+import atexit
+import time
 
 from ..config import ConfigError
+
+JOIN_S = 0.3
 
 
 def add_kv_events_args(parser: argparse.ArgumentParser) -> None:
@@ -48,4 +52,7 @@ def open_kv_events(args: argparse.Namespace, block_size: int):
         publisher = KVEventPublisher(args.kv_events, replay, topic=args.kv_events_topic)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    atexit.register(publisher.close)  # idempotent: also when the command ends by an exception
+    if binds(args.kv_events):
+        time.sleep(JOIN_S)  # subscribers already waiting reconnect every 100 ms: let them join first
     return EngineKVEvents(publisher, block_size)

@@ -101,9 +101,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out["workload"] = workload.name
     out["seed"] = args.seed
     if sink is not None:
-        out["kv_events"] = {"endpoint": sink.publisher.endpoint, "replay": sink.publisher.replay_endpoint,
-                            "batches": sink.batches, "events": dict(sink.counts),
-                            "blocks_stored": sink.blocks_stored, "blocks_removed": sink.blocks_removed}
+        out["kv_events"] = sink.summary()
     if args.json:
         print(json.dumps(out))
     else:

@@ -156,6 +156,7 @@ class Observer:
             "gaps": sub.gaps if sub else 0,
             "replayed": sub.replayed if sub else 0,
             "missed": sub.missed if sub else 0,
+            "before_start": sub.before_start if sub else 0,
             "malformed": (sub.malformed if sub else 0) + self.counts.malformed_payloads,
             "bad_events": self.counts.bad_events,
             "unknown_fields": self.counts.unknown_fields,

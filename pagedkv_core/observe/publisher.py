@@ -204,6 +204,13 @@ class EngineKVEvents:
             self.publisher.publish(events, ts)
         return events
 
+    def summary(self) -> dict:
+        """What was published: endpoints, batches, events by type, blocks stored and removed."""
+        pub = self.publisher
+        return {"endpoint": pub.endpoint if pub else None, "replay": pub.replay_endpoint if pub else None,
+                "batches": self.batches, "events": dict(self.counts),
+                "blocks_stored": self.blocks_stored, "blocks_removed": self.blocks_removed}
+
     def close(self) -> None:
         if self.publisher is not None:
             self.publisher.close()

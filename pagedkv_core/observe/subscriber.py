@@ -37,6 +37,7 @@ class SubscriberStats:
     replayed: int = 0  # batches recovered from a replay socket
     missed: int = 0  # batches lost for good (no replay socket, or it did not have them)
     duplicates: int = 0  # batches seen twice (a replay overlapping live messages)
+    before_start: int = 0  # batches sent before we listened that no replay gave back
 
 
 def split_frames(frames: list[bytes]) -> tuple[int, bytes]:
@@ -143,6 +144,7 @@ class Subscriber:
         if stream.expected is None:
             if self.catch_up and seq > 0 and stream.source.replay:
                 out.extend(self._replay(stream, i, 0, seq))
+            self.stats.before_start += seq - len(out)
         elif seq < stream.expected:
             self.stats.duplicates += 1
             return out

@@ -30,7 +30,8 @@ else:
 
 st.header("One workload, eight block sizes")
 if guided:
-    st.caption("Guide mode: 40 short chat turns, a 2,048-slot pool, the engine's default settings.")
+    st.caption(f"Guide mode: {lesson.SHORT_CHAT_REQUESTS} short chat turns, a {config.pool_slots:,}-slot pool, the "
+               "engine's default settings, whatever the sidebar says.")
 else:
     st.caption(f"Workload: {workload.name} ({len(workload.requests)} requests). Other settings from the sidebar "
                f"({config.pool_slots:,} slots, watermark {config.watermark:.0%}, {config.preemption}). The dotted line "

@@ -11,7 +11,8 @@ from ui.timed_runs import cached
 guided = guide.mode(lesson.KEY, title="Prefix sharing and copy-on-write")
 if not presenter.on(lesson.KEY):
     st.markdown(
-        "Four requests to a library help desk start with the **same ~620-token system prompt**. "
+        "Four requests to a library help desk start with the **same long system prompt** (its length in tokens "
+        "is measured below). "
         "**A** arrives first and pays for all of it. **B** follows with the same preamble: the engine finds "
         "A's blocks by their chained hash and skips their prefill. **C** asks for **three samples** (n = 3), "
         "which share every block until each writes its own token: copy-on-write. **D** comes after everyone "
@@ -36,14 +37,6 @@ if guided:
 else:
     lesson.explore(view)
 
-st.markdown(
-    """
-**What to take away**
-- A block's hash chains its parent's hash and its own tokens, so a lookup of one hash certifies the whole prefix.
-- Only **full blocks** are shared: with blocks of 16 a 637-token common prefix shares 624 tokens. Bigger blocks share less.
-- Forked samples share every block for free; a shared block is copied only when one of them must write into it.
-- Finished requests drop their references; shared and cached blocks stay until the pool needs the room.
-"""
-)
+st.markdown(lesson.takeaways(rec))
 export.download_animation([rec], lesson.KEY, "Prefix sharing and copy-on-write: A, B, C (n = 3) and D on SmolLM2",
                           "prefix-sharing")

@@ -12,9 +12,10 @@ if not presenter.on(lesson.KEY):
         f"A load spike on a small KV pool, run **twice** on SmolLM2 with the same requests and greedy decoding: "
         f"{lesson.PRESSURE_FIRST} requests start at step 0 and {len(lesson.PRESSURE_QUESTIONS) - lesson.PRESSURE_FIRST} "
         f"more arrive together at step {lesson.PRESSURE_SPIKE_STEP}, each answering up to {lesson.PRESSURE_MAX_TOKENS} "
-        "tokens. When the running sequences need a block that is not there, the scheduler **preempts** the most "
-        "recently admitted one. **Swap** copies its blocks to host memory and back later; **recompute** frees them and "
-        "prefills its tokens again when it returns. The two runs are stepped in turn, so both share the machine's load."
+        "tokens. When the running sequences need a block that is not there, the scheduler must **preempt** one of "
+        "them (which one? the guide asks you to predict it). **Swap** copies its blocks to host memory and back later; "
+        "**recompute** frees them and prefills its tokens again when it returns. The two runs are stepped in turn, so "
+        "both share the machine's load."
     )
 
 recs = lesson.recorded_runs(*lesson.settings_for(guided))

@@ -194,6 +194,21 @@ class TimedRun(Run):
             total += max(0, computed - int(e.detail.get("cached_tokens", 0)))
         return total
 
+    def readmitted_tokens(self, upto: int | None = None) -> int:
+        """Tokens the sequences re-admitted after a recompute preemption had when they came back (all
+        of them need K/V again: the prefix cache serves some, the rest is prefilled). That is what they
+        held when evicted plus the token each had sampled but whose K/V was not yet written."""
+        total = 0
+        for step, e in self.events(ADMIT, upto=upto):
+            if not e.detail.get("recompute") or step == 0:
+                continue
+            before = self.at(step - 1)
+            try:
+                total += int(before.seq_num_tokens[before.seq_index(e.seq_id)])
+            except KeyError:
+                pass
+        return total
+
     def preempted_tokens(self, upto: int | None = None) -> int:
         """Tokens whose K/V the preempted sequences had in the pool when they were evicted."""
         total = 0

@@ -26,14 +26,16 @@ from ui.settings import BLOCK_SIZES
 KEY = "bsize"
 GIB = 1 << 30
 PREAMBLE_TOKENS = 600
+SHORT_CHAT_REQUESTS, SHORT_PROMPT, SHORT_ANSWER = 40, (12, 40), (4, 40)  # requests; token ranges, inclusive
 
 
 # ---------------------------------------------------------------------------- the sweep
 def short_chat(seed: int = 0) -> Workload:
     """40 short chat turns at step 0: prompts of 12-40 tokens, answers of 4-40 tokens."""
     rng = np.random.default_rng([seed, 12])
-    reqs = [{"id": f"c{i:02d}", "prompt_len": int(rng.integers(12, 41)), "output_len": int(rng.integers(4, 41)),
-             "max_tokens": 64} for i in range(40)]
+    reqs = [{"id": f"c{i:02d}", "prompt_len": int(rng.integers(SHORT_PROMPT[0], SHORT_PROMPT[1] + 1)),
+             "output_len": int(rng.integers(SHORT_ANSWER[0], SHORT_ANSWER[1] + 1)),
+             "max_tokens": 64} for i in range(SHORT_CHAT_REQUESTS)]
     return parse_workload(reqs, name="short chat turns", seed=seed)
 
 
@@ -98,7 +100,7 @@ def sweep_figure(points: list[SweepPoint], name: str, highlight: int, workload_n
     axis = "block size (token slots per block)"
     if name == "util":
         return lines(xs, {"token utilization": [p.utilization for p in points]},
-                     f"Token utilization ({workload_name}): filled / allocated slots", axis,
+                     "Token utilization: filled / allocated slots", axis,
                      "utilization", colors={"token utilization": "#1d4ed8"}, percent=True, current_x=highlight, log_x=True)
     if name == "waste":
         half = "about half a block: (B − 1) / 2"
@@ -111,7 +113,7 @@ def sweep_figure(points: list[SweepPoint], name: str, highlight: int, workload_n
                      colors={"block-table entries": "#0f766e"}, current_x=highlight, log_x=True)
     if name == "prefix":
         fig = lines(xs, {"reused from the cache": [p.reused_preamble for p in points]},
-                    f"Prefix sharing: of a {PREAMBLE_TOKENS}-token shared preamble, tokens reused", axis,
+                    f"Prefix sharing: preamble tokens reused (of {PREAMBLE_TOKENS})", axis,
                     "tokens per request", colors={"reused from the cache": "#7c3aed"},
                     hline=(PREAMBLE_TOKENS, f"the whole preamble: {PREAMBLE_TOKENS} tokens"), current_x=highlight,
                     log_x=True, point_labels={"reused from the cache": lambda v: f"{v:.0f}"})
@@ -300,8 +302,9 @@ def sweep_settings(guided: bool) -> tuple[EngineConfig, Workload, int]:
         return EngineConfig(), short_chat(0), 0
     seed = int(settings.current("seed"))
     choice = st.radio("Workload for the sweep", ["short chat turns", "the sidebar's workload"], horizontal=True,
-                      key=f"{KEY}_workload", help="Short chat turns: 40 requests at once, prompts of 12-40 tokens and "
-                      "answers of 4-40 tokens. The sidebar's workload: whatever is selected there.")
+                      key=f"{KEY}_workload", help=f"Short chat turns: {SHORT_CHAT_REQUESTS} requests at once, prompts "
+                      f"of {SHORT_PROMPT[0]}-{SHORT_PROMPT[1]} tokens and answers of {SHORT_ANSWER[0]}-{SHORT_ANSWER[1]} "
+                      "tokens. The sidebar's workload: whatever is selected there.")
     try:
         config = settings_config("paged")
         workload = short_chat(seed) if choice == "short chat turns" else current_workload()
@@ -315,7 +318,7 @@ def sweep_settings(guided: bool) -> tuple[EngineConfig, Workload, int]:
 UTILIZATION_RANGES = [("under 40%", 0.4), ("40% to 60%", 0.6), ("60% to 80%", 0.8), ("over 80%", float("inf"))]
 
 
-def guide_steps(points: list[SweepPoint], all_presets: dict[str, Preset]) -> list[GuideStep]:
+def guide_steps(points: list[SweepPoint], all_presets: dict[str, Preset], workload: Workload | None = None) -> list[GuideStep]:
     """The walkthrough: block sizes read off the sweep, then the calculator on two presets. ``show``:
     the block size to highlight, the preset, the charts drawn without data while a prediction is
     open (``hide``) and the slide's figure (``figure``: a sweep chart or ``calc``)."""
@@ -325,15 +328,24 @@ def guide_steps(points: list[SweepPoint], all_presets: dict[str, Preset]) -> lis
     l70 = next(p for p in STATIC_PRESETS if p.name == "Llama 3 70B")
     sm = next(iter(all_presets.values()))
     l70_kib = KVShape("l70", l70.layers, l70.kv_heads, l70.head_dim, l70.heads).bytes_per_token(l70.dtype) / 1024
+    elem = l70_kib * 1024 / (2 * l70.layers * l70.kv_heads * l70.head_dim)  # bytes per element of its dtype
+    mha = l70.heads / l70.kv_heads  # a KV head per query head: this many times more
+    wl = workload if workload is not None else short_chat(0)
+    prompts = [len(r.prompt) for r in wl.requests]
+    answers = [r.output_len for r in wl.requests]
+    cfg = EngineConfig()
     return [
-        GuideStep("Blocks of 16", f"40 short chat turns at once. With blocks of 16 (vLLM's default), {p16.utilization:.0%} "
-                  "of the allocated slots hold a token: the rest is the unfilled end of each sequence's last block.",
-                  {"block_size": 16, "preset": sm.name, "figure": "util"}),
+        GuideStep("Blocks of 16", f"{len(wl.requests)} short chat turns at once. With blocks of 16 (vLLM's default), "
+                  f"{p16.utilization:.0%} of the allocated slots hold a token: the rest is the unfilled end of each "
+                  f"sequence's last block. (The guide sweeps its own workload on a {cfg.pool_slots:,}-slot pool, "
+                  "whatever the sidebar says.)", {"block_size": 16, "preset": sm.name, "figure": "util"}),
         GuideStep("Blocks of 1", f"Blocks of 1 waste nothing ({p1.utilization:.0%} utilization), but every token is a "
                   f"block-table entry: {p1.entries_per_seq:.0f} entries per sequence, and attention gathers K/V one slot "
                   "at a time.", {"block_size": 1, "preset": sm.name, "figure": "entries"}),
-        GuideStep("Blocks of 128", "Now blocks of 128. These chat turns are short: prompts of 12-40 tokens and answers "
-                  "of 4-40, so most sequences hold fewer than 128 tokens.",
+        GuideStep("Blocks of 128", f"Now blocks of 128. These chat turns are short: prompts of {min(prompts)}-{max(prompts)} "
+                  f"tokens and answers of {min(answers)}-{max(answers)}, so "
+                  f"{sum(p + a < 128 for p, a in zip(prompts, answers))} of the {len(prompts)} sequences hold fewer than "
+                  "128 tokens.",
                   {"block_size": 128, "preset": sm.name, "figure": "util", "hide": ("util",)},
                   predict=Prediction(
                       "bsize_utilization_128", "Predict: with blocks of 128, what share of the allocated slots will "
@@ -345,7 +357,8 @@ def guide_steps(points: list[SweepPoint], all_presets: dict[str, Preset]) -> lis
                   f"are small next to the sequences: a last block is on average half full ({p16.waste_per_seq:.1f} empty slots "
                   f"at 16). At 128 it is {p128.waste_per_seq:.0f}, more than half a block: these short requests do not fill "
                   "even one.", {"block_size": 128, "preset": sm.name, "figure": "waste"}),
-        GuideStep("Sharing in whole blocks", f"Five requests share a {PREAMBLE_TOKENS}-token preamble, each followed by "
+        GuideStep("Sharing in whole blocks", f"{len(preamble_workload().requests)} requests share a "
+                  f"{PREAMBLE_TOKENS}-token preamble, each followed by "
                   "its own question. The prefix cache finds a block by the hash of its tokens and of everything before "
                   "it.", {"block_size": 64, "preset": sm.name, "figure": "prefix", "hide": ("prefix",)},
                   predict=Prediction(
@@ -360,17 +373,19 @@ def guide_steps(points: list[SweepPoint], all_presets: dict[str, Preset]) -> lis
                   "pool gets what the memory budget leaves after the weights and the activation workspace.",
                   {"block_size": 16, "preset": sm.name, "figure": "calc"}),
         GuideStep("Llama 3 70B", f"Llama 3 70B has {l70.layers} layers and {l70.kv_heads} KV heads of dimension "
-                  f"{l70.head_dim}, stored in {l70.dtype} (2 bytes per element). Use the formula above.",
+                  f"{l70.head_dim}, stored in {l70.dtype} ({elem:g} bytes per element). A token's KV bytes = "
+                  "2 (K and V) × layers × KV heads × head dimension × bytes per element.",
                   {"block_size": 16, "preset": sm.name, "figure": "calc"},
                   predict=Prediction(
                       "bsize_l70_bytes", "Predict: how many KiB of KV cache does one token of Llama 3 70B take?",
-                      round(l70_kib, 1), f"2 (K and V) × {l70.layers} × {l70.kv_heads} × {l70.head_dim} × 2 B = "
-                      f"{l70_kib * 1024:,.0f} B = {l70_kib:g} KiB per token slot. On two 80 GiB GPUs the weights take most "
+                      round(l70_kib, 1), f"2 (K and V) × {l70.layers} × {l70.kv_heads} × {l70.head_dim} × {elem:g} B = "
+                      f"{l70_kib * 1024:,.0f} B = {l70_kib:g} KiB per token slot. On {l70.note} the weights take most "
                       "of the memory; what is left holds the blocks below.", tolerance=4, unit="KiB",
                       source="Computed from its config"),
                   reveal={"preset": l70.name}),
-        GuideStep("Grouped-query attention", "Llama 3 70B has 64 query heads but only 8 KV heads. With a KV head per query "
-                  "head every term would be 8× larger: 2.5 MiB per token, and 8× fewer sequences at once.",
+        GuideStep("Grouped-query attention", f"Llama 3 70B has {l70.heads} query heads but only {l70.kv_heads} KV heads. "
+                  f"With a KV head per query head every term would be {mha:g}× larger: {l70_kib * mha / 1024:g} MiB per "
+                  f"token, and {mha:g}× fewer sequences at once.",
                   {"block_size": 16, "preset": l70.name, "figure": "calc"}),
     ]
 

@@ -173,17 +173,29 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
     total_s = sum(rec.wall_s)
     grow = app_ev.request_id if app_ev else first
     fin = fin_ev.request_id if fin_ev else first
+    n = len(ids)
+
+    def running_at(step: int, prefer: str) -> str:
+        """``prefer`` if it is still running at ``step``, else the first request that is (the figure
+        then shows a live block table, not a finished request)."""
+        snap = rec.at(step)
+        live = [ids[int(r)] for r, st_ in zip(snap.seq_request, snap.seq_status) if STATUS_NAMES[int(st_)] == "running"]
+        return prefer if prefer in live or not live else live[0]
+
     longest = max(ids, key=lambda r: len(rec.requests[r].prompt_ids))
+    decode_step = min(1, last)
+    cfg = rec.config
     steps = [
-        GuideStep("Three prompts arrive", f"Three chat prompts arrive together and are prefilled in one step. {first}'s "
+        GuideStep(f"{n} prompts arrive", f"{n} chat prompts arrive together and are prefilled in one step. {first}'s "
                   f"prompt is {p0} tokens (the chat template adds a system line), so it takes ⌈{p0} / {bs}⌉ = "
                   f"{math.ceil(p0 / bs)} blocks and its last block holds {p0 - (math.ceil(p0 / bs) - 1) * bs} of {bs}. "
-                  "The first token of each answer comes out of the same step.",
+                  "The first token of each answer comes out of the same step. (The guide runs these prompts on its own "
+                  f"pool of {cfg.pool_slots:,} slots in blocks of {bs}, whatever the sidebar says.)",
                   {"step": 0, "select": first, "figure": "table"}),
-        GuideStep("What a cell holds", "Every cell of the heatmap is one token slot: the K and V vectors of one token in all "
-                  "30 layers. Hover a coloured cell to read its token. The orange cells at the end of each request are "
-                  "allocated but still empty: that is the only waste paging leaves, less than one block per request.",
-                  {"step": 0, "select": ids[1]}),
+        GuideStep("What a cell holds", "Every cell of the heatmap is one token slot: the K and V vectors of one token in "
+                  "every layer of the model. Hover a coloured cell to read its token. The orange cells at the end of each "
+                  "request are allocated but still empty: that is the only waste paging leaves, less than one block per "
+                  "request.", {"step": 0, "select": ids[1 % n]}),
     ]
     if app_ev is not None:
         _, fills0 = last_block_fill(rec.at(0), ids.index(grow))
@@ -198,16 +210,17 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
                 f"step {app_step - 1}, so at step {app_step} its next token needed a fresh block.", tolerance=1),
             reveal={"step": app_step}))
     steps += [
-        GuideStep("Decoding", "Every step adds one token to every running request: the answers below grow "
-                  "token by token, and so does the filled part of each last block.", {"step": min(3, last), "select": first}),
+        GuideStep("Decoding", f"Step {decode_step}: every step adds one token to every running request: the answers "
+                  "below grow token by token, and so does the filled part of each last block.",
+                  {"step": decode_step, "select": running_at(decode_step, first)}),
         GuideStep("A new block", f"At step {app_step} {grow}'s last block was full, so the block manager appended a fresh "
                   f"one{' (physical block ' + str(app_ev.detail['blocks'][0]) + ')' if app_ev else ''}. Blocks are "
                   "allocated one at a time, only when a token needs one.",
                   {"step": app_step, "select": grow, "figure": "table"}),
-        GuideStep("Logical to physical", f"{longest}'s block table maps its logical blocks 0, 1, 2, … (positions in the "
+        GuideStep("Logical to physical", f"{running_at(app_step, longest)}'s block table maps its logical blocks 0, 1, 2, … (positions in the "
                   "sequence) to physical blocks in the pool. They need not be neighbours: attention reads the K/V "
                   "through this table, so any free block will do.",
-                  {"step": app_step, "select": longest, "figure": "table"}),
+                  {"step": app_step, "select": running_at(app_step, longest), "figure": "table"}),
     ]
     if fin_ev is not None and fin_step >= 1:
         table, fills = last_block_fill(rec.at(fin_step - 1), ids.index(fin))
@@ -231,10 +244,10 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
                   "full ones keep their hash and show pale blue: a later request with the same prefix can reuse them.",
                   {"step": fin_step, "select": fin}),
         GuideStep("Measured", f"All done after {last + 1} steps: {total_tokens} tokens generated in {total_s:.1f} s of "
-                  f"measured engine time on this machine ({total_tokens / max(total_s, 1e-9):.1f} tokens/s, all three "
+                  f"measured engine time on this machine ({total_tokens / max(total_s, 1e-9):.1f} tokens/s, all {n} "
                   "requests batched together).", {"step": last, "select": ids[-1]}),
     ]
-    return steps
+    return sorted(steps, key=lambda g: g.show["step"])  # forward through the run, never back
 
 
 # ---------------------------------------------------------------------------- explore

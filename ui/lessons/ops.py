@@ -2,10 +2,13 @@
 of a run on both allocators, each with what healthy looks like and what a bad pattern means."""
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+from pagedkv_core.events import PREEMPT_RECOMPUTE, PREEMPT_SWAP
 from pagedkv_core.workloads import build_workload
 from ui import export, guide, presenter
 from ui.figures import series_color, step_curves
@@ -13,12 +16,50 @@ from ui.predict import Prediction, range_options
 from ui.runs import Run, scripted_pair
 
 KEY = "ops"
-GUIDE_HELP = "A fixed walkthrough of the burst workload (2,048 slots, block size 16, recompute, seed 0)."
+GUIDE_WORKLOAD, GUIDE_POOL, GUIDE_BLOCK, GUIDE_SEED = "burst", 2048, 16, 0
+GUIDE_HELP = (f"A fixed walkthrough of the {GUIDE_WORKLOAD} workload ({GUIDE_POOL:,} slots, block size {GUIDE_BLOCK}, "
+              f"recompute, seed {GUIDE_SEED}), whatever the sidebar says.")
+FULL_USAGE = 0.9  # "the pool fills": paged KV usage above this
+THRASH_REPEATS = 3  # thrashing: some request evicted at least this many times
 
 
 def guided_runs() -> list[Run]:
     """The fixed, seeded burst run of the guide, whatever the sidebar says."""
-    return scripted_pair(build_workload("burst", seed=0), pool_slots=2048, block_size=16)
+    return scripted_pair(build_workload(GUIDE_WORKLOAD, seed=GUIDE_SEED), pool_slots=GUIDE_POOL, block_size=GUIDE_BLOCK)
+
+
+def arrived(run: Run, step: int) -> int:
+    """Requests that have arrived by the end of ``step``: every one is running, waiting, swapped,
+    finished or rejected (the count identity of :mod:`pagedkv_core.metrics`)."""
+    if step < 0:
+        return 0
+    m = run.at(step).metrics
+    return m.num_running + m.num_waiting + m.num_swapped + m.num_finished + m.num_rejected
+
+
+def thrashing_answer(run: Run) -> tuple[str, int | None]:
+    """Is the run thrashing (the same sequences evicted and re-admitted over and over)? Answered
+    from its preemption events; with the step of the most evicted request's last eviction."""
+    pre = run.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE)
+    if not pre:
+        return "No: nothing was preempted.", None
+    times = Counter(e.request_id for _, e in pre)
+    most, most_times = times.most_common(1)[0]
+    last = max(s for s, e in pre if e.request_id == most)
+    again = sum(1 for c in times.values() if c > 1)
+    steps = sorted({s for s, _ in pre})
+    span = steps[-1] - steps[0] + 1
+    facts = (f"At step {last}, {most} is evicted for the last time. Over the run, {len(pre)} preemptions hit "
+             f"{len(times)} requests, {again} of them more than once; the most evicted, {most}, {most_times} "
+             f"time{'s' if most_times != 1 else ''}. They fell in {len(steps)} of the {span} steps "
+             f"from step {steps[0]} to step {steps[-1]}, and none after, while the run went on to step {run.num_steps - 1}.")
+    if most_times >= THRASH_REPEATS:
+        return (f"Yes. {facts} Evicting the same sequence {most_times} times is the bad pattern: its work is lost "
+                "(recompute) or moved (swap) each time. The cure is a bigger pool, a higher watermark or fewer "
+                "admissions.", last)
+    return (f"No. {facts} No request was evicted {THRASH_REPEATS} times or more: a burst of evictions that the spike "
+            "caused and that ended as it drained. A steady stream, the same sequences evicted again and again, would "
+            "be the bad pattern.", last)
 
 
 CONTIGUOUS_PREEMPTION_RANGES = [("none", 1), ("1 to 10", 11), ("more than 10", float("inf"))]
@@ -31,7 +72,7 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
     while a prediction is open) and the slide's figure (``figure``)."""
     contig, paged = runs
     spike = paged.first(lambda s: s.metrics.num_waiting > 10)
-    full = paged.first(lambda s: s.metrics.kv_usage > 0.9, start=spike)
+    full = paged.first(lambda s: s.metrics.kv_usage > FULL_USAGE, start=spike)
     full = spike if full is None else full
     preempt = paged.first(lambda s: s.metrics.step_preemptions)
     preempt = full if preempt is None else preempt
@@ -43,13 +84,20 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
     contig_why = ("The contiguous allocator reserves prompt + max_tokens when it admits a request, so a running "
                   "sequence never needs memory it does not already hold" if cm.num_preemptions == 0 else
                   "Even reservations of prompt + max_tokens ran out here")
-    return [
+    n_req = len(paged.request_ids)
+    thrash, thrash_step = thrashing_answer(paged)
+    first_arrived, spike_arrived = arrived(paged, 0), arrived(paged, spike) - arrived(paged, spike - 1)
+    pu = paged.at(0).metrics
+    steps = [
         guide.GuideStep("A quiet start", (
-            "Step 0: eight requests arrive. KV usage is low on the paged side and token utilization is high: "
-            "the memory that is allocated holds real tokens. This is what healthy looks like."),
+            f"Step 0: {first_arrived} requests arrive. KV usage is low on the paged side ({pu.kv_usage:.0%}) and token "
+            f"utilization is high ({pu.token_utilization:.0%}): the memory that is allocated holds real tokens. This is "
+            f"what healthy looks like. (The guide runs its own fixed scenario, {GUIDE_WORKLOAD} on "
+            f"{paged.config.pool_slots:,} slots with blocks of {paged.config.block_size}, whatever the sidebar says.)"),
             {"step": 0, "figure": "kv"}),
         guide.GuideStep("The spike", (
-            f"Step {spike}: 32 more requests arrive at once. The waiting queue jumps; the paged scheduler admits "
+            f"Step {spike}: {spike_arrived} more requests arrive at once. The waiting queue jumps; the paged scheduler "
+            "admits "
             "as many as the free blocks (minus the watermark) allow. The charts stop at this step: the rest is to come."),
             {"step": spike, "upto": spike, "figure": "kv"},
             predict=Prediction(
@@ -59,7 +107,8 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
                 **range_options(cm.num_preemptions, CONTIGUOUS_PREEMPTION_RANGES)),
             reveal={"step": contig.num_steps - 1, "upto": None, "figure": "preempt"}),
         guide.GuideStep("The pool fills", (
-            f"Step {full}: paged KV usage passes 90%. High usage is fine while it stays below the point where "
+            f"Step {full}: paged KV usage passes {FULL_USAGE:.0%}. High usage is fine while it stays below the point "
+            "where "
             "running sequences can no longer grow."), {"step": full, "figure": "kv"}),
         guide.GuideStep("First preemption", (
             f"Step {preempt}: a running sequence needs a new block and none is free, so the most recently admitted "
@@ -72,19 +121,20 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
                 "and each time the most recently admitted one was evicted.",
                 **range_options(pm.num_preemptions, PAGED_PREEMPTION_RANGES)),
             reveal={"step": end, "upto": None}),
-        guide.GuideStep("Thrashing?", (
-            f"Step {worst} has the most preemptions in one step ({paged.at(worst).metrics.step_preemptions}). A steady "
-            f"stream of them is the bad pattern: the run ends with {pm.num_preemptions} preemptions in all, each one "
-            "work lost (recompute) or moved (swap). The cure is a bigger pool, a higher watermark or fewer admissions."),
-            {"step": worst, "figure": "preempt"}),
+        guide.GuideStep("Thrashing?", f"Is the paged side thrashing? {thrash}",
+                        {"step": thrash_step if thrash_step is not None else worst, "figure": "preempt"}),
         guide.GuideStep("Blocks per sequence", (
             f"The histogram below shows how many blocks each live sequence holds at step {worst}: paged sequences "
             "hold what their tokens need; every contiguous one holds a worst-case reservation."),
             {"step": worst, "figure": "hist"}),
         guide.GuideStep("Drained", (
-            f"Step {end}: the paged side has finished all 40 requests; the contiguous side, which never preempts "
-            f"but runs few requests at once, needs until step {contig.num_steps - 1}."), {"step": end, "figure": "kv"}),
+            f"Step {end}: the paged side has finished all {n_req} requests; the contiguous side, "
+            + ("which never preempts" if cm.num_preemptions == 0 else f"with {cm.num_preemptions} preemptions")
+            + f" but runs fewer requests at once ({sum(contig.metric('num_running')) / contig.num_steps:.1f} on average "
+            f"against {sum(paged.metric('num_running')) / paged.num_steps:.1f}), needs until step {contig.num_steps - 1}."),
+            {"step": end, "figure": "kv"}),
     ]
+    return sorted(steps, key=lambda g: g.show["step"])  # forward through the run, never back
 
 
 def slide(runs: list[Run], show: dict) -> None:

@@ -24,7 +24,7 @@ KEY = "prefix"
 # the sidebar's defaults, so that explore mode with default settings reuses the guide's run
 GUIDE_CONFIG = EngineConfig(block_size=16, pool_slots=2048)
 GUIDE_SEED = 0
-SPINNER = "Running A, B, C (n = 3) and D on SmolLM2: a 640-token prefill, then about 30 steps…"
+SPINNER = "Running A, B, C (n = 3) and D on SmolLM2: one long prefill, then a step per token…"
 
 # ---------------------------------------------------------------------------- the scenario
 # The system prompt that requests A, B, C and D share (~620 tokens with SmolLM2's chat template).
@@ -76,8 +76,8 @@ def explore_settings() -> tuple[EngineConfig, int]:
         st.stop()
     seed = int(settings.current("seed"))
     st.caption(f"Explore mode: sidebar settings (blocks of {config.block_size}, {config.pool_slots:,} slots, prefix "
-               f"caching {'on' if config.prefix_caching else 'off'}, seed {seed}). Guide mode uses blocks of 16, "
-               "2,048 slots, caching on.")
+               f"caching {'on' if config.prefix_caching else 'off'}, seed {seed}). Guide mode uses blocks of "
+               f"{GUIDE_CONFIG.block_size}, {GUIDE_CONFIG.pool_slots:,} slots, caching on.")
     return config, seed
 
 
@@ -260,16 +260,39 @@ class PrefixView:
 D_CACHE_OPTIONS = ("yes: all of the preamble's full blocks", "only part of it", "no: its blocks were freed with the requests")
 
 
+def common_prefix(rec: TimedRun) -> int:
+    """Tokens A's and B's prompts agree on from the start: the preamble with the chat template around it."""
+    pa, pb = rec.requests["A"].prompt_ids, rec.requests["B"].prompt_ids
+    n = 0
+    while n < min(len(pa), len(pb)) and pa[n] == pb[n]:
+        n += 1
+    return n
+
+
+def takeaways(rec: TimedRun) -> str:
+    """The lesson's take-away points, their numbers read off the run."""
+    bs = rec.config.block_size
+    common = common_prefix(rec)
+    _, b_skip = rec.prefill_tokens("B")
+    return f"""
+**What to take away**
+- A block's hash chains its parent's hash and its own tokens, so a lookup of one hash certifies the whole prefix.
+- Only **full blocks** are shared: with blocks of {bs}, A's and B's {common}-token common prefix (the system prompt in
+  its chat template) shares {b_skip} tokens, {b_skip // bs} whole blocks; the other {common - b_skip} sit in a block
+  that also holds the start of each question. Bigger blocks share less.
+- Forked samples share every block for free; a shared block is copied only when one of them must write into it.
+- Finished requests drop their references; shared and cached blocks stay until the pool needs the room.
+"""
+
+
 def guide_steps(rec: TimedRun) -> list[GuideStep]:
     """The walkthrough over the recorded run; every step number and every answer is read off it."""
     bs = rec.config.block_size
     a_comp, _ = rec.prefill_tokens("A")
     b_comp, b_skip = rec.prefill_tokens("B")
     _, d_skip = rec.prefill_tokens("D")
-    preamble_common = 0
     pa, pb = rec.requests["A"].prompt_ids, rec.requests["B"].prompt_ids
-    while preamble_common < min(len(pa), len(pb)) and pa[preamble_common] == pb[preamble_common]:
-        preamble_common += 1
+    preamble_common = common_prefix(rec)
     fork_step = rec.events(FORK)[0][0]
     cow_step = rec.events(COW)[0][0]
     cows = [e for s, e in rec.events(COW) if s == cow_step]
@@ -284,7 +307,8 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
     return [
         GuideStep("A arrives", f"A's prompt is {len(pa)} tokens: the preamble plus a question. Nothing is cached yet, so "
                   f"the model computes all {a_comp} tokens in one prefill; its first token takes {ta:.2f} s (measured). "
-                  f"Its {len(pa) // bs} full blocks are hashed as they fill.", {"step": 0, "focus": "A"}),
+                  f"Its {len(pa) // bs} full blocks are hashed as they fill. (The guide runs with blocks of {bs} on "
+                  f"{rec.config.pool_slots:,} slots, whatever the sidebar says.)", {"step": 0, "focus": "A"}),
         GuideStep("A chain of hashes", "Look at the hash table below: block 1's hash is computed from block 0's hash and "
                   f"block 1's {bs} tokens, block 2's from block 1's, and so on. A block's hash therefore names its whole "
                   "history: the same tokens after a different preamble get a different hash.", {"step": 0, "focus": "A"}),
@@ -304,10 +328,11 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
                   f"{b_skip} = {b_skip // bs} × {bs} are shared: the last {preamble_common - b_skip} common tokens sit in a "
                   "block that also holds the start of each question, and a block is shared whole or not at all.",
                   {"step": 1, "focus": "B"}),
-        GuideStep("C forks into three samples", f"C asks for {n_c} samples (n = {n_c}, temperature 0.7). It reuses the "
-                  "preamble too; after its prefill it forks: the samples share every block, including the partly filled "
-                  "tail block (the rows C sample 1-3 point at the same physical blocks). Next, each sample writes its own "
-                  "next token.", {"step": fork_step, "focus": "C"},
+        GuideStep(f"C forks into {n_c} samples", f"C asks for {n_c} samples (n = {n_c}, temperature "
+                  f"{PARALLEL_TEMPERATURE}). It reuses the preamble too; after its prefill it forks: the samples share "
+                  "every block, including the partly filled tail block (the rows C sample 1 to "
+                  f"{n_c} point at the same physical blocks). Next, each sample writes its own next token.",
+                  {"step": fork_step, "focus": "C"},
                   predict=Prediction(
                       "prefix_cow_copies", f"Predict: when C's {n_c} samples each write their next token, how many "
                       "blocks will be copied?", len(cows),

@@ -131,6 +131,7 @@ def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None 
 
 FINISH_RANGES = [("sooner than the paged side", 1.0), ("up to 2× as many steps", 2.0),
                  ("2× to 3× as many steps", 3.0), ("more than 3× as many steps", float("inf"))]
+UTILIZATION_STEP = 10  # the step the second prediction asks about
 UTILIZATION_RANGES = [("under 25%", 0.25), ("25% to 50%", 0.5), ("50% to 75%", 0.75), ("over 75%", float("inf"))]
 
 
@@ -159,7 +160,7 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
     n_req = len(contig.request_ids)
     pool = contig.at(0).num_slots
     reserve = mean_reservation(contig)
-    u10 = contig.at(10).metrics.token_utilization
+    u10 = contig.at(UTILIZATION_STEP).metrics.token_utilization
     ratio = (contig_end + 1) / (paged_end + 1)
     mean_c = sum(contig.metric("num_running")) / contig.num_steps
     mean_p = sum(paged.metric("num_running")) / paged.num_steps
@@ -180,11 +181,12 @@ def guide_steps(runs: list[Run]) -> list[guide.GuideStep]:
             "Orange on the left is reserved but empty: room kept for tokens an answer might produce, which nobody else "
             "may use. Each running request adds one token per step."), {"step": 0, "upto": 0},
             predict=Prediction(
-                "rop_contiguous_utilization", "Predict: at step 10, what share of the contiguous side's reserved slots "
+                "rop_contiguous_utilization", f"Predict: at step {UTILIZATION_STEP}, what share of the contiguous side's reserved slots "
                 "will hold a token?", why=f"Most answers stop long before max_tokens, so a reservation stays mostly "
-                f"orange: {u10:.0%} at step 10, against {paged.at(10).metrics.token_utilization:.0%} on the paged side.",
+                f"orange: {u10:.0%} at step {UTILIZATION_STEP}, against "
+                f"{paged.at(UTILIZATION_STEP).metrics.token_utilization:.0%} on the paged side.",
                 **range_options(u10, UTILIZATION_RANGES)),
-            reveal={"step": 10, "upto": 10}),
+            reveal={"step": UTILIZATION_STEP, "upto": UTILIZATION_STEP}),
         guide.GuideStep("A request finishes", (
             f"Step {first_finish}: {finisher.request_id} finishes, the first on the contiguous side, and its "
             "reservation is released. The next request in line needs a whole reservation in one piece; only a run of "
@@ -257,8 +259,10 @@ def pools_slide(runs: list[Run], step: int, *, conceal: bool = False) -> None:
             titles.append(f"{side_label(r)}: {m.num_running} running, {m.num_waiting} waiting, "
                           f"{m.token_utilization:.0%} of allocated slots hold a token")
     head = "before step 0" if conceal else f"step {step}"
+    notes = [] if conceal else [f"{side_label(r)}: {admission_note(r.at(step).metrics)}" for r in runs
+                                if r.kind == "contiguous"]
     presenter.slide(presenter.side_by_side(figs, titles, f"{runs[0].at(0).num_slots:,} KV slots each, {head}"), KEY,
-                    LEGEND)
+                    " · ".join([LEGEND] + notes))
 
 
 def guided_runs() -> list[Run]:

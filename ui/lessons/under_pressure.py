@@ -16,7 +16,7 @@ from pagedkv_core.events import ADMIT, FINISH, PREEMPT_RECOMPUTE, PREEMPT_SWAP, 
 from pagedkv_core.kv_math import format_bytes
 from pagedkv_core.sampling import SamplingParams
 from ui import export, guide, player, presenter, settings
-from ui.costs import PCIE_NAME, CostModel, Rates, flops_per_token, measure_rates, rate, seconds
+from ui.costs import COPY_BYTES, MATMUL_N, PCIE_NAME, CostModel, Rates, flops_per_token, measure_rates, rate, seconds
 from ui.figures import ALLOCATOR_COLORS, LEGEND, pool_heatmap, slot_hover_text
 from ui.guide import GuideStep
 from ui.lesson_figures import lines, status_timeline, value_bars
@@ -82,7 +82,7 @@ def settings_for(guided: bool) -> tuple[int, int, float, bool]:
     block_size = int(settings.current("block_size"))
     prefix_caching = bool(settings.current("prefix_caching"))
     c[2].caption(f"Block size {block_size} and prefix caching {'on' if prefix_caching else 'off'} come from the "
-                 "sidebar. Guide mode uses blocks of 16, 256 slots, watermark 0.1.")
+                 f"sidebar. Guide mode uses blocks of {GUIDE_BLOCK}, {GUIDE_POOL} slots, watermark {GUIDE_WATERMARK}.")
     return block_size, pool_slots, watermark, prefix_caching
 
 
@@ -97,8 +97,7 @@ def recorded_runs(block_size: int, pool_slots: int, watermark: float, prefix_cac
         st.stop()
     try:
         recs = cached(pressure_pair, configs["swap"], configs["recompute"],
-                      spinner="Running the spike with swap and with recompute on SmolLM2, a step of each in turn "
-                              "(about 50 steps each)…")
+                      spinner="Running the spike with swap and with recompute on SmolLM2, a step of each in turn…")
     except ConfigError as exc:  # the pools would not fit the memory budget (BudgetError)
         st.error(str(exc))
         st.stop()
@@ -117,7 +116,7 @@ def costs(rec: TimedRun, upto: int | None = None) -> dict:
         "preemptions": len(rec.preemptions(upto)),
         "bytes to host": out_b, "bytes back": in_b,
         "tokens lost": rec.preempted_tokens(upto), "tokens recomputed": rec.recomputed_tokens(upto),
-        "tokens from the cache": rec.recompute_cache_hits(upto),
+        "tokens from the cache": rec.recompute_cache_hits(upto), "tokens needed again": rec.readmitted_tokens(upto),
         "steps": rec.num_steps, "total s": sum(rec.wall_s),
         "mean step s": sum(rec.wall_s) / max(1, len(rec.wall_s)),
     }
@@ -341,9 +340,28 @@ class PressureView:
         """Which mode the measured rates make cheaper for the work done here, with the numbers."""
         m = self.model
         cheaper, dearer = ("swap", "recompute") if m.winner == "swap" else ("recompute", "swap")
-        return (f"On this machine **{cheaper}** wins: modelled at the measured rates, the work this spike caused costs "
-                f"{seconds(min(m.swap_s, m.recompute_s))} by {cheaper} against {seconds(max(m.swap_s, m.recompute_s))} "
-                f"by {dearer}, {m.factor:,.0f}× less.")
+        return (f"Modelled cost of the preemption work alone (swap: copying the blocks out and back; recompute: "
+                f"prefilling the evicted tokens again), at this machine's measured rates: **{cheaper}** is cheaper, "
+                f"{seconds(min(m.swap_s, m.recompute_s))} against {seconds(max(m.swap_s, m.recompute_s))} by {dearer}, "
+                f"{m.factor:,.0f}× less.")
+
+    def whole_run_note(self) -> str:
+        """The measured wall time of each whole run, said as such: it includes every step's decodes and
+        prefills, which both runs share, so it need not agree with the modelled preemption work."""
+        s, r = costs(self.recs["swap"]), costs(self.recs["recompute"])
+        ts, tr = s["total s"], r["total s"]
+        faster = "swap" if ts < tr else "recompute" if tr < ts else None
+        text = (f"Measured wall time over the whole run (every step, the two runs interleaved): swap {ts:.1f} s in "
+                f"{s['steps']} steps, recompute {tr:.1f} s in {r['steps']} steps")
+        if faster is None:
+            return text + "."
+        text += f", so {faster} was faster over the whole run."
+        if self.model is not None and faster != self.model.winner:
+            text += (f" That is not the modelled verdict: the two whole-run times differ by {seconds(abs(ts - tr))}, "
+                     f"and besides the preemption work (modelled: {seconds(self.model.swap_s)} swap, "
+                     f"{seconds(self.model.recompute_s)} recompute) they time every decode and prefill both runs share, "
+                     "and the machine's load while they ran.")
+        return text
 
     def measured_note(self) -> str:
         """What the runs' own step times say beside the model, in one or two sentences."""
@@ -372,17 +390,19 @@ class PressureView:
             {"": "work (counted from the engine's events)",
              "swap": f"{format_bytes(s['bytes to host'])} to host + {format_bytes(s['bytes back'])} back = "
                      f"{format_bytes(m.bytes_moved)} ({bpt:,} B per token)",
-             "recompute": f"{m.tokens_recomputed} tokens prefilled again ({r['tokens lost']} evicted, "
-                          f"{r['tokens from the cache']} found in the prefix cache on return)"},
+             "recompute": f"{m.tokens_recomputed} tokens prefilled again: of the {r['tokens needed again']} tokens the "
+                          f"victims had on return ({r['tokens lost']} whose K/V they held when evicted + "
+                          f"{r['tokens needed again'] - r['tokens lost']} sampled but not yet written), "
+                          f"{r['tokens from the cache']} were found in the prefix cache"},
             {"": "rate measured on this machine",
-             "swap": f"{rate(rates.copy_bytes_per_s, 'B')}: a {format_bytes(64 << 20)} host copy",
-             "recompute": f"{rate(rates.flops_per_s, 'FLOP')}: a 1024 × 1024 float32 matmul"},
+             "swap": f"{rate(rates.copy_bytes_per_s, 'B')}: a {format_bytes(COPY_BYTES)} host copy",
+             "recompute": f"{rate(rates.flops_per_s, 'FLOP')}: a {MATMUL_N} × {MATMUL_N} float32 matmul"},
             {"": "modelled cost = work / rate",
              "swap": f"{format_bytes(m.bytes_moved)} / {rate(rates.copy_bytes_per_s, 'B')} = **{seconds(m.swap_s)}**",
              "recompute": f"{m.tokens_recomputed} × {m.flops_per_token / 1e9:.2f} GFLOP = {m.recompute_flops / 1e9:,.1f} GFLOP "
                           f"/ {rate(rates.flops_per_s, 'FLOP')} = **{seconds(m.recompute_s)}**"},
-            {"": f"on a GPU ({PCIE_NAME}, about 25 GB/s)",
-             "swap": f"{format_bytes(m.bytes_moved)} / 25 GB/s = {seconds(m.swap_pcie_s)}",
+            {"": f"on a GPU ({PCIE_NAME}, about {rate(m.pcie_bytes_per_s, 'B')})",
+             "swap": f"{format_bytes(m.bytes_moved)} / {rate(m.pcie_bytes_per_s, 'B')} = {seconds(m.swap_pcie_s)}",
              "recompute": f"cheaper than that at a prefill rate above {rate(m.gpu_break_even_flops_per_s, 'FLOP')}"},
             {"": "measured: time of the steps that did this work, beyond the run's median step",
              "swap": self._excess(self.recs["swap"]), "recompute": self._excess(self.recs["recompute"])},
@@ -393,8 +413,9 @@ class PressureView:
                     + "\n".join(f"| {row['']} | {row['swap']} | {row['recompute']} |" for row in rows))
         st.caption(f"Rates: medians of {rates.repeats} timings of each, alternated so that both see the same load "
                    f"({rates.threads} threads). FLOPs per token = 2 × the model's parameters (a multiply and an add "
-                   "per weight); attention over these short contexts adds under 3%.")
-        st.success(self.verdict() + " " + self.measured_note(), icon=":material/balance:")
+                   "per weight); attention over the context adds a term that grows with its length, small at these "
+                   "lengths.")
+        st.success(self.verdict() + " " + self.measured_note() + " " + self.whole_run_note(), icon=":material/balance:")
 
     @staticmethod
     def _excess(rec: TimedRun) -> str:
@@ -427,8 +448,9 @@ class PressureView:
   square of the context, so long contexts make it expensive; the prefix cache cuts it (here
   {costs(self.recs['recompute'])['tokens from the cache']} tokens came back from the cache instead).
 - **Here**, per token, swap costs {seconds(per_token_swap)} and recompute {seconds(per_token_recompute)}: on this CPU
-  the "host pool" is the same RAM, so a swap is a plain memory copy, and {m.winner} wins by {m.factor:,.0f}×.
-- **On a GPU** the swap crosses {PCIE_NAME} (about 25 GB/s): {seconds(m.swap_pcie_s)} for these
+  the "host pool" is the same RAM, so a swap is a plain memory copy; for this spike's preemption work the model
+  favours {m.winner}, {m.factor:,.0f}× cheaper (modelled, not the whole run's measured time).
+- **On a GPU** the swap crosses {PCIE_NAME} (about {rate(m.pcie_bytes_per_s, 'B')}): {seconds(m.swap_pcie_s)} for these
   {format_bytes(m.bytes_moved)}, while a GPU computes the {m.recompute_flops / 1e9:,.1f} GFLOP of the recompute faster
   than that once it sustains more than {rate(m.gpu_break_even_flops_per_s, 'FLOP')} on the prefill. That is why vLLM
   defaults to recompute and keeps swap for the cases above.
@@ -457,12 +479,16 @@ class PressureView:
         free_before = sw.at(before).num_blocks - round(sw.at(before).metrics.kv_usage * sw.at(before).num_blocks)
         running = first["running_before"]
         lost, recomputed, hits = cr["tokens lost"], cr["tokens recomputed"], cr["tokens from the cache"]
+        needed = cr["tokens needed again"]
+        same_victims = [p["victim"] for p in pre_s] == [p["victim"] for p in rc.preemptions()]
+        same_answers = all(sw.output_ids(rid) == rc.output_ids(rid) for rid in sw.request_ids)
         rc_answer = (RECOMPUTE_OPTIONS[2] if recomputed == 0 else
                      RECOMPUTE_OPTIONS[0] if recomputed >= lost else RECOMPUTE_OPTIONS[1])
         steps = [
             GuideStep("A small pool", f"The pool holds {self.num_blocks} blocks of {self.block_size} token slots. The "
                       f"watermark keeps {reserve} block{'s' if reserve != 1 else ''} free for running sequences to grow "
-                      f"into: admissions may not use it. {PRESSURE_FIRST} requests start.", {"step": 0, "figure": "free"}),
+                      f"into: admissions may not use it. {PRESSURE_FIRST} requests start. (The guide uses this small pool "
+                      "and its own requests, whatever the sidebar says.)", {"step": 0, "figure": "free"}),
             GuideStep("The spike", f"{n_req - PRESSURE_FIRST} requests arrive at once. {len(admitted)} are admitted "
                       f"({', '.join(admitted) or 'none'}); {waiting} wait. Every running sequence grows by a token per step and "
                       "takes a new block whenever its last one is full.", {"step": spike, "figure": "timeline"}),
@@ -482,20 +508,26 @@ class PressureView:
                       f"({format_bytes(first['blocks'] * bpb)}) to host memory; recompute frees them.",
                       {"step": first["step"], "figure": "timeline"}),
             GuideStep("Again", f"At step {second['step']} it happens again: {second['victim']} goes, for the same reason. The ✕ "
-                      "marks in the timelines show every preemption; both modes choose the same victims.",
+                      "marks in the timelines show every preemption; "
+                      + ("both modes choose the same victims, in the same order." if same_victims else
+                         f"the two modes' victims differ: swap evicts {', '.join(p['victim'] for p in pre_s)}, recompute "
+                         f"{', '.join(p['victim'] for p in rc.preemptions())}."),
                       {"step": second["step"], "figure": "timeline"}),
         ]
         if readmit:
             steps.append(GuideStep(
                 "Coming back", f"When blocks free up, swap copies a victim's blocks back (step {back}), its K/V intact. "
                 f"Recompute re-admits it (step {readmit_step}) and must prefill its tokens again; the victims held "
-                f"{lost} tokens of K/V when they were evicted. Their freed full blocks kept their hashes.",
+                f"{lost} tokens of K/V when they were evicted, and each also comes back with the token it had just "
+                f"sampled, whose K/V was never written: {needed} tokens in all need their K/V again. Their freed full "
+                "blocks kept their hashes.",
                 {"step": max(0, readmit_step - 1), "figure": "steptime"},
                 predict=Prediction(
                     "pressure_recomputed", f"Predict: of the {lost} evicted tokens, how many will the recompute run "
                     "prefill again?", rc_answer,
-                    f"It prefilled {recomputed} tokens again; {hits} came back from the prefix cache, because a "
-                    "victim's full blocks keep their hash after they are freed and nothing had reused them yet.",
+                    f"Of the {needed} tokens needed again ({lost} evicted + {needed - lost} sampled but not yet "
+                    f"written), {hits} came back from the prefix cache and {recomputed} were prefilled again: a "
+                    "victim's full blocks keep their hash after they are freed, and nothing had reused them yet.",
                     options=RECOMPUTE_OPTIONS),
                 reveal={"step": readmit_step}))
         if self.model is not None:
@@ -507,12 +539,17 @@ class PressureView:
                 f"back. Recompute prefilled {recomputed} tokens again at {m.flops_per_token / 1e9:.2f} GFLOP each. This "
                 f"machine copies memory at {rate(m.rates.copy_bytes_per_s, 'B')} and multiplies matrices at "
                 f"{rate(m.rates.flops_per_s, 'FLOP')} (measured just now).", {"step": end, "figure": "steptime"},
-                predict=Prediction("pressure_cheaper", "Predict: for this spike, which mode costs less on this machine?",
-                                   answer, self.verdict().replace("**", "") + " " + self.measured_note(), options=options,
+                predict=Prediction("pressure_cheaper", "Predict: for this spike, which mode's preemption work (copying "
+                                   "blocks, or prefilling evicted tokens again) costs less on this machine?",
+                                   answer, self.verdict().replace("**", "") + " " + self.measured_note() + " "
+                                   + self.whole_run_note(), options=options,
                                    source="Modelled from this run's work at this machine's measured rates"),
                 reveal={"figure": "costs", "costs": True}))
-        steps.append(GuideStep("Same answers", "Both runs produce exactly the same tokens for every request (the table below "
-                               "compares token ids): preemption changes when a sequence runs, not what it says.",
+        steps.append(GuideStep("Same answers", (f"Both runs produce exactly the same tokens for all {n_req} requests (the "
+                               "table below compares token ids): preemption changes when a sequence runs, not what it "
+                               "says.") if same_answers else "The two runs' tokens differ for at least one request "
+                               "(the table below compares token ids): that would be a bug, since preemption should "
+                               "change only when a sequence runs.",
                                {"step": end, "figure": "costs" if self.model is not None else "steptime", "costs": True}))
         return steps
 

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .config import EngineConfig
+from .eviction import make_eviction
 from .events import ALLOCATE, APPEND, CACHE_HIT, COW, FORK, Event
 from .prefix_hash import NO_HASH, extend_block_hashes
-from .sequence import Sequence
+from .sequence import Sequence, SequenceStatus
 from .slot_state import SlotState
 
 _FREE, _FILLED, _EMPTY, _CACHED, _SHARED = (
@@ -52,7 +53,7 @@ class BlockManager:
         self.num_blocks = nb = config.num_blocks
         self.num_slots = nb * bs
         self.enable_caching = config.prefix_caching
-        self.pool = BlockPool(nb, config.prefix_caching, kv_event_sink)
+        self.pool = BlockPool(nb, config.prefix_caching, kv_event_sink, eviction=make_eviction(config.eviction))
         self.host = HostPool(config.num_host_blocks)
         self.num_host_slots = self.host.num_blocks * bs
         self.tables: dict[int, list[int]] = {}  # seq_id -> physical block ids
@@ -60,8 +61,10 @@ class BlockManager:
         self.holders: list[list[Sequence]] = [[] for _ in range(nb)]
         self.fill = [0] * nb  # tokens written per block
         self.filled_slots = 0  # written slots in blocks that someone references
-        self.hit_tokens = 0
+        self.hit_tokens = 0  # prefix cache, first admissions (vLLM's queries and hits)
         self.queried_tokens = 0
+        self.preempted_hit_tokens = 0  # re-admissions after recompute, counted apart as vLLM does
+        self.preempted_queried_tokens = 0
         self.events = [] if events is None else events
         self.changes = change_log(track_changes, bs)  # what a recording stores; nothing when none records
         # Display arrays, updated in place; every write marks its block in ``changes``.
@@ -169,6 +172,8 @@ class BlockManager:
         consumed = num_new + sum(1 for b in hits if b.ref_count == 0)
         if self.pool.num_free_blocks - consumed < reserve_blocks or consumed > self.pool.num_free_blocks:
             return None
+        if self.enable_caching:
+            self.pool.eviction.admitting(seq.request.index)  # Belady's clock
         table: list[int] = []
         for block in hits:
             self._take(seq, block)
@@ -180,8 +185,12 @@ class BlockManager:
         cached_tokens = len(hits) * bs
         seq.num_computed = cached_tokens
         if self.enable_caching:
-            self.queried_tokens += num_tokens
-            self.hit_tokens += cached_tokens
+            if seq.status == SequenceStatus.PREEMPTED:
+                self.preempted_queried_tokens += num_tokens
+                self.preempted_hit_tokens += cached_tokens
+            else:
+                self.queried_tokens += num_tokens
+                self.hit_tokens += cached_tokens
         rid = seq.request.request_id
         if hits:
             self.events.append(

@@ -4,7 +4,9 @@ The free list is a doubly linked list threaded through the blocks themselves, so
 popping the next block, returning a block and pulling a cached block back out of the list
 (a prefix-cache hit) are all O(1). Order is least recently used first: a freed block that
 holds a cached (hashed) block of tokens goes to the tail and is evicted last; a freed block
-without a hash holds nothing worth keeping and goes to the head, to be reused first.
+without a hash holds nothing worth keeping and goes to the head, to be reused first. Which
+cached block is evicted once nothing else is free is the eviction policy's choice
+(:mod:`pagedkv_core.eviction`): LRU takes the head, Belady the block needed furthest ahead.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .eviction import LruEviction
 from .prefix_hash import NO_HASH
 
 
@@ -56,10 +59,15 @@ class FreeBlockQueue:
     def contains(block: Block) -> bool:
         return block.prev_free is not None
 
-    def popleft(self) -> Block:
+    def first(self) -> Block:
+        """The head (reused first), left in the list."""
         block = self._head.next_free
         if block is self._tail:
             raise RuntimeError("no free KV block left")
+        return block
+
+    def popleft(self) -> Block:
+        block = self.first()
         self.remove(block)
         return block
 
@@ -95,7 +103,7 @@ class BlockPool:
     ``block_ref`` and ``block_hash`` mirror the blocks as numpy arrays for snapshots.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True, kv_event_sink=None):
+    def __init__(self, num_blocks: int, enable_caching: bool = True, kv_event_sink=None, *, eviction=None):
         """``kv_event_sink``: told ``stored(hash, parent_hash, token_ids)`` when a block is
         indexed, ``removed(hash)`` when an indexed block is evicted, ``cleared()`` when the
         index is reset (see pagedkv_core.observe.publisher.EngineKVEvents); None: nobody."""
@@ -108,6 +116,7 @@ class BlockPool:
         self.cached: dict[int, Block] = {}
         self.block_ref = np.zeros(num_blocks, dtype=np.int32)  # ref counts can pass 32,767 at 1M slots
         self.block_hash = np.zeros(num_blocks, dtype=np.int64)
+        self.eviction = LruEviction() if eviction is None else eviction  # picks the cached block to evict
         self.kv_event_sink = kv_event_sink
 
     @property
@@ -120,8 +129,12 @@ class BlockPool:
         return self.num_blocks - len(self.free_queue)
 
     def allocate(self) -> Block:
-        """Take the least recently used free block (evicting its cached hash), ref count 1."""
-        block = self.free_queue.popleft()
+        """Take a free block, ref count 1: one that holds nothing while there is one, else the
+        cached block the eviction policy names (LRU: the least recently used), its hash evicted."""
+        block = self.free_queue.first()
+        if block.block_hash != NO_HASH:  # only cached blocks are free (they sit behind the empty ones)
+            block = self.eviction.victim(self.free_queue)
+        self.free_queue.remove(block)
         if block.block_hash != NO_HASH:
             self._evict(block)
         block.ref_count = 1
@@ -132,6 +145,8 @@ class BlockPool:
         """One more reference; a cached-free block leaves the free list."""
         if block.ref_count == 0:
             self.free_queue.remove(block)
+            if block.block_hash != NO_HASH:
+                self.eviction.reused(block)
         block.ref_count += 1
         self.block_ref[block.block_id] = block.ref_count
 
@@ -145,6 +160,7 @@ class BlockPool:
             return False
         if block.block_hash != NO_HASH:
             self.free_queue.append(block)
+            self.eviction.freed(block)
         else:
             self.free_queue.appendleft(block)
         return True
@@ -193,6 +209,9 @@ class BlockPool:
             seen.add(block.block_id)
             assert block.ref_count == 0, f"free block {block.block_id} has ref count {block.ref_count}"
         assert len(seen) == len(self.free_queue), "free list length is off"
+        hashed = [b.block_hash != NO_HASH for b in self.free_queue]
+        assert hashed == sorted(hashed), "a cached block is ahead of an empty one in the free list"
+        self.eviction.check_invariants(self)
         for block in self.blocks:
             in_list = FreeBlockQueue.contains(block)
             assert in_list == (block.ref_count == 0), f"block {block.block_id}: ref {block.ref_count}, in free list {in_list}"

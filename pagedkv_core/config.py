@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 PREEMPTION_MODES = ("recompute", "swap")
+EVICTION_POLICIES = ("lru", "belady")  # pagedkv_core.eviction implements them
 DEFAULT_MAX_MODEL_LEN = 1 << 20
 MAX_POOL_SLOTS = 1 << 20  # 1,048,576 token slots: a large GPU's pool (Llama 3 8B fp16 on 80 GB: ~450k)
 MAX_SWAP_SLOTS = 1 << 20
@@ -91,6 +92,10 @@ class EngineConfig:
                                "re-prefill later) or swap (copy its blocks to the host pool)", choices=PREEMPTION_MODES)
     swap_slots: int | None = _setting(None, "host slots for swapped-out blocks (default: the pool size)", 0, MAX_SWAP_SLOTS)
     prefix_caching: bool = _setting(True, "reuse full blocks whose chained hash matches (paged only)")
+    eviction: str = _setting("lru", "which cached block the paged pool evicts when nothing else is free: lru (the "
+                             "least recently used, vLLM's rule) or belady (the offline optimum, the block whose next "
+                             "use lies furthest ahead, planned from every request the engine holds at its first "
+                             "step: a teaching yardstick, not a serving policy)", choices=EVICTION_POLICIES)
     max_batch_tokens: int | None = _setting(None, "tokens one step may compute (default unlimited); long prefills "
                                             "are chunked", 1, 1 << 24)
     allocator: str = _setting("paged", "KV allocator")
@@ -101,7 +106,8 @@ class EngineConfig:
         from .allocator import ALLOCATORS  # the registry (imports the allocator modules, not the engine)
 
         check = lambda name: object.__setattr__(self, name, setting_spec(name).check(getattr(self, name)))  # noqa: E731
-        for name in ("block_size", "pool_slots", "watermark", "preemption", "prefix_caching", "max_model_len", "seed"):
+        for name in ("block_size", "pool_slots", "watermark", "preemption", "prefix_caching", "eviction", "max_model_len",
+                     "seed"):
             check(name)
         if self.allocator not in ALLOCATORS:
             raise ConfigError(f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")

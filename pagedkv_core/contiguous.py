@@ -55,6 +55,8 @@ class ContiguousAllocator:
         self.filled_slots = 0
         self.hit_tokens = 0
         self.queried_tokens = 0
+        self.preempted_hit_tokens = 0
+        self.preempted_queried_tokens = 0
         self.events = [] if events is None else events
         self.changes = change_log(track_changes)  # what a recording stores; nothing when none records
         self.slot_state = np.zeros(self.num_slots, dtype=np.int8)

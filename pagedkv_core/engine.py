@@ -24,6 +24,7 @@ from .allocator import build_allocator
 from .batch import TokenSource
 from .config import MAX_ARRIVAL_STEP, EngineConfig
 from .events import REJECT, Event
+from .eviction import plan_eviction
 from .metrics import RunStats, RunSummary, StepCounts, StepMetrics
 from .outputs import CompletionOutput, RequestOutput, TokenIds
 from .sampling import SamplingParams
@@ -175,6 +176,8 @@ class Engine:
         sched = self.scheduler
         sched.touched.clear()
         sched.sampled.clear()
+        if step == 0 and self.config.eviction == "belady":
+            plan_eviction(self.allocator, self.requests.values())  # the future: every request held now
         while self._pending and self._pending[0][0] <= step:
             self._arrive(heapq.heappop(self._pending)[2])
         batch = sched.schedule(step)
@@ -297,6 +300,10 @@ class Engine:
             finished=self.num_finished,
             rejected=list(self._rejected),
             prefix_cache_hit_rate=self.allocator.hit_tokens / queried if queried else 0.0,
+            prefix_cache_hit_tokens=self.allocator.hit_tokens,
+            prefix_cache_queried_tokens=queried,
+            prefix_cache_preempted_hit_tokens=self.allocator.preempted_hit_tokens,
+            prefix_cache_preempted_queried_tokens=self.allocator.preempted_queried_tokens,
         )
 
     def trace_header(self) -> dict:

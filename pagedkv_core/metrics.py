@@ -5,7 +5,10 @@
 - ``token_utilization``: slots holding a token's K/V / allocated slots: the figure that
   exposes internal fragmentation (0 when nothing is allocated).
 - preemptions (swap and recompute), cumulative and this step.
-- ``prefix_cache_hit_rate``: cumulative hit tokens / queried tokens at admission.
+- ``prefix_cache_hit_rate``: cumulative hit tokens / queried tokens at admission: the prompt
+  tokens served from the prefix cache / the prompt tokens of admitted requests, each request
+  counted at its first admission; a re-admission after recompute is counted apart
+  (``prefix_cache_preempted_*`` in the run summary), as vLLM's ``PrefixCacheStats`` does.
 - blocks per sequence: ``mean_blocks_per_seq`` / ``max_blocks_per_seq`` over live sequences
   (the full distribution is ``StepSnapshot.seq_num_blocks``).
 - the counts describe one moment, the end of the step: ``num_running`` (sequences running
@@ -146,7 +149,8 @@ class RunStats:
 class RunSummary:
     """The figures of one run (the ``simulate --json`` object). Build it with :meth:`of`."""
 
-    CONFIG_FIELDS = ("allocator", "block_size", "pool_slots", "preemption", "watermark", "prefix_caching")  # from EngineConfig
+    CONFIG_FIELDS = ("allocator", "block_size", "pool_slots", "preemption", "watermark", "prefix_caching",
+                     "eviction")  # from EngineConfig
 
     allocator: str
     block_size: int
@@ -154,6 +158,7 @@ class RunSummary:
     preemption: str
     watermark: float
     prefix_caching: bool
+    eviction: str
     steps: int
     requests: int
     finished: int
@@ -166,7 +171,11 @@ class RunSummary:
     mean_running: float
     mean_kv_usage: float
     mean_token_utilization: float
-    prefix_cache_hit_rate: float
+    prefix_cache_hit_rate: float  # prefix_cache_hit_tokens / prefix_cache_queried_tokens
+    prefix_cache_hit_tokens: int  # prompt tokens served from the cache at first admissions
+    prefix_cache_queried_tokens: int  # prompt tokens of admitted requests, each counted once
+    prefix_cache_preempted_hit_tokens: int  # the same for re-admissions after recompute (vLLM counts them apart)
+    prefix_cache_preempted_queried_tokens: int
     tokens_generated: int
     mean_execute_s: float
 

@@ -21,7 +21,9 @@ A workload file is either a JSON list of
 "arrival_step": int = 0, "n": int = 1}`` (``prompt_len`` makes a seeded random prompt), or a
 request trace: a CSV (``.csv`` or gzipped ``.csv.gz``) with the columns ``TIMESTAMP``,
 ``ContextTokens`` and ``GeneratedTokens``, one request per row, read by :func:`trace_workload`
-with the options of :class:`TraceOptions`.
+with the options of :class:`TraceOptions`, or a request trace with prefix hashes: JSON lines
+(``.jsonl``, ``.jsonl.gz``) of ``{"timestamp", "input_length", "output_length", "hash_ids"}``,
+read by :mod:`pagedkv_core.hash_trace` with the same options.
 
 Files are untrusted: every bound is in the limits section below. A file that breaks its shape
 (not a list of objects, a wrong type, an unknown key) or a file-level bound is refused with one
@@ -99,10 +101,27 @@ class Workload:
     description: str
     requests: tuple[WorkloadRequest, ...]
     pool_slots: int = 2048  # suggested pool size
+    hash_block: int | None = None  # a hash trace's tokens per hash block: a paged block size must divide it
+
+    def block_size_problem(self, config) -> str | None:
+        """Why ``config`` (an EngineConfig) cannot run this workload with its sharing exact:
+        a paged block size that does not divide a hash trace's blocks (None: it can)."""
+        if self.hash_block is None:
+            return None
+        from .allocator import allocator_kind
+        from .hash_trace import block_size_problem
+
+        if allocator_kind(config.allocator) != "paged":
+            return None
+        return block_size_problem(self.hash_block, config.block_size)
 
     def submit(self, engine) -> None:
         """Add every request to ``engine``; one with a ``reject_reason`` ends as rejected,
-        with that reason, at its arrival step."""
+        with that reason, at its arrival step. Raises ConfigError (before adding any) when the
+        engine's block size does not divide a hash trace's blocks."""
+        problem = self.block_size_problem(engine.config)
+        if problem is not None:
+            raise ConfigError(f"{self.name}: {problem}")
         for r in self.requests:
             if r.reject_reason is not None:
                 engine.add_rejected(r.id, r.reject_reason, arrival_step=r.arrival_step)
@@ -310,9 +329,14 @@ def _checked_request(where: str, rid: str, obj: dict) -> tuple[str, dict, list |
 
 
 def load_workload_file(path, seed: int = 0, **options) -> Workload:
-    """A workload from a file: a request trace (``.csv``, ``.csv.gz``; ``options`` are the fields
-    of :class:`TraceOptions`) or a JSON list of requests (no options). Raises ConfigError."""
+    """A workload from a file: a request trace (``.csv``, ``.csv.gz``, or a hash trace ``.jsonl``,
+    ``.jsonl.gz``; ``options`` are the fields of :class:`TraceOptions`) or a JSON list of requests
+    (no options). Raises ConfigError."""
     path = Path(path)
+    if _is_hash_trace_name(path.name):
+        from .hash_trace import load_hash_trace
+
+        return load_hash_trace(path, seed, **options)
     if _is_trace_name(path.name):
         return trace_workload(path, seed, TraceOptions.of(**options))
     _check_no_options(path.name, options)
@@ -322,9 +346,14 @@ def load_workload_file(path, seed: int = 0, **options) -> Workload:
 
 def workload_from_bytes(data: bytes, name: str, seed: int = 0, **options) -> Workload:
     """The same as :func:`load_workload_file`, for an upload's bytes; ``name`` (the file name)
-    says which kind it is: a trace when it ends in ``.csv`` or ``.csv.gz``, else JSON."""
+    says which kind it is: a trace when it ends in ``.csv`` or ``.csv.gz``, a hash trace when it
+    ends in ``.jsonl`` or ``.jsonl.gz``, else JSON."""
     if len(data) > MAX_WORKLOAD_FILE_BYTES:
         raise ConfigError(f"{name}: {len(data):,} bytes is more than the {MAX_WORKLOAD_FILE_BYTES:,} a workload file may have")
+    if _is_hash_trace_name(name):
+        from .hash_trace import hash_trace_from_bytes
+
+        return hash_trace_from_bytes(data, name, seed, **options)
     if _is_trace_name(name):
         opt = TraceOptions.of(**options)
         return _trace_from_rows(_trace_rows(_open_bytes(data, name), name, opt.start), name, seed, opt)
@@ -339,7 +368,7 @@ def _json_workload(data: bytes, label: str, name: str, seed: int) -> Workload:
 def _check_no_options(name: str, options: dict) -> None:
     given = sorted(k for k, v in options.items() if v is not None)
     if given:
-        raise ConfigError(f"{name}: {', '.join(given)} apply only to CSV request traces (.csv, .csv.gz)")
+        raise ConfigError(f"{name}: {', '.join(given)} apply only to request traces (.csv, .csv.gz, .jsonl, .jsonl.gz)")
 
 
 # ---------------------------------------------------------------------------- request traces
@@ -444,6 +473,16 @@ def _check_positive(name: str, value, hi: float | None = None) -> None:
         raise ConfigError(f"{name} must be a number > 0, got {value!r}")
     if hi is not None and value > hi:
         raise ConfigError(f"{name} must be at most {hi:g}, got {value!r}")
+
+
+def _is_hash_trace_name(name: str) -> bool:
+    lower = name.lower()
+    return lower.endswith(".jsonl") or lower.endswith(".jsonl.gz")
+
+
+def is_request_trace_name(name: str) -> bool:
+    """Whether a workload file is a request trace (CSV or hash trace), which takes TraceOptions."""
+    return _is_trace_name(name) or _is_hash_trace_name(name)
 
 
 def _is_trace_name(name: str) -> bool:

@@ -243,4 +243,4 @@ def test_trace_csv_with_row_window_and_policies_orders_like_the_paper(capsys):
 
 def test_trace_flags_without_a_csv_are_one_line_errors(capsys):
     assert main(["simulate", "--workload", "explainer40", "--rate", "2"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --rate applies only to --workload-file *.csv"
+    assert capsys.readouterr().err.strip() == "error: --rate applies only to --workload-file *.csv or *.jsonl"

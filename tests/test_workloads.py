@@ -288,7 +288,7 @@ def test_json_files_take_no_trace_options(tmp_path):
     path = tmp_path / "w.json"
     path.write_text(json.dumps([{"id": "x", "prompt": [5], "output_len": 1, "max_tokens": 1}]))
     assert len(load_workload_file(path, rate=None).requests) == 1  # None = not given
-    with pytest.raises(ConfigError, match="w.json: rate apply only to CSV request traces"):
+    with pytest.raises(ConfigError, match=r"w.json: rate apply only to request traces \(.csv, .csv.gz, .jsonl, .jsonl.gz\)"):
         load_workload_file(path, rate=2.0)
 
 

@@ -211,21 +211,34 @@ POLICY_LABELS = {
     "pow2": "Orca Pow2: the answer, rounded up to a power of two",
     "oracle": "Orca Oracle: exactly the answer",
 }
-# The options of a request-trace CSV upload (pagedkv_core.workloads.TraceOptions), shown when one is uploaded.
+# The options of a request-trace upload (pagedkv_core.workloads.TraceOptions), shown when one is uploaded.
 CSV_DEFAULTS = {"csv_start": 0, "csv_count": 200, "csv_seconds_per_step": 0.05, "csv_rate": 1.0}
+# A hash trace's (.jsonl) length scales: each keeps a 512-token hash block a whole number of tokens.
+HASH_SCALES = {"1": 1.0, "1/2": 0.5, "1/4": 0.25, "1/8": 0.125, "1/16": 0.0625, "1/32": 0.03125}
 
 
 def is_trace_csv(file_name: str) -> bool:
-    """Whether an uploaded workload is a request trace (CSV, or gzipped CSV) rather than JSON."""
+    """Whether an uploaded workload is a request trace (a CSV, gzipped CSV, or a hash trace's JSON
+    lines) rather than a JSON list of requests."""
+    from pagedkv_core.workloads import is_request_trace_name
+
+    return is_request_trace_name(file_name)
+
+
+def is_hash_trace(file_name: str) -> bool:
     lower = file_name.lower()
-    return lower.endswith(".csv") or lower.endswith(".csv.gz")
+    return lower.endswith(".jsonl") or lower.endswith(".jsonl.gz")
 
 
 def csv_options() -> dict:
-    """The sidebar's options for a trace CSV upload, as ``workload_from_bytes`` keywords."""
+    """The sidebar's options for a trace upload, as ``workload_from_bytes`` keywords."""
     get = {k: st.session_state.get(k, v) for k, v in CSV_DEFAULTS.items()}
-    return {"start": int(get["csv_start"]), "count": int(get["csv_count"]),
-            "seconds_per_step": float(get["csv_seconds_per_step"]), "rate": float(get["csv_rate"])}
+    options = {"start": int(get["csv_start"]), "count": int(get["csv_count"]),
+               "seconds_per_step": float(get["csv_seconds_per_step"]), "rate": float(get["csv_rate"])}
+    upload = st.session_state.get("workload_upload")
+    if upload is not None and is_hash_trace(upload.name):
+        options["length_scale"] = HASH_SCALES[st.session_state.get("hash_length_scale", "1")]
+    return options
 
 
 def rounded_pool(slots: int, block_size: int) -> int:
@@ -290,11 +303,13 @@ def sidebar() -> None:
         from pagedkv_core.workloads import workload_description
 
         sb.caption(workload_description(current("workload")))
-    sb.file_uploader("…or a workload file (.json or .csv)", type=["json", "csv", "gz"], key="workload_upload",
-                     max_upload_size=workshop.upload_cap_mb(),
+    sb.file_uploader("…or a workload file (.json, .csv or .jsonl)", type=["json", "csv", "gz", "jsonl"],
+                     key="workload_upload", max_upload_size=workshop.upload_cap_mb(),
                      help='A JSON list of {"id", "prompt" or "prompt_len", "output_len", "max_tokens", "arrival_step", "n"}, '
                           "or a request trace: a CSV (or .csv.gz) with the columns TIMESTAMP, ContextTokens and "
-                          "GeneratedTokens, one request per row (Azure's LLM inference traces have them).")
+                          "GeneratedTokens, one request per row (Azure's LLM inference traces have them), or JSON lines "
+                          '(.jsonl) of {"timestamp", "input_length", "output_length", "hash_ids"}, one request per line '
+                          "with a hash id per 512-token prompt block (Mooncake's traces have them; equal ids share a prefix).")
     if upload is not None:
         report_rejections(sb)
     if upload is not None and is_trace_csv(upload.name):
@@ -309,6 +324,10 @@ def sidebar() -> None:
                           key="csv_seconds_per_step", help="How much of the trace's time one engine step stands for.")
         c[1].number_input("Rate multiplier", min_value=0.01, max_value=1000.0, step=0.5, key="csv_rate",
                           help="2 = the requests arrive twice as densely as in the trace.")
+        if is_hash_trace(upload.name):
+            sb.select_slider("Length scale", options=list(HASH_SCALES), key="hash_length_scale",
+                             help="Scale every length: a 512-token hash block becomes 512 x this many tokens, which "
+                                  "the block size must divide (1/16: 32-token blocks).")
     sb.radio("Token source", list(SOURCES), key="source", format_func=SOURCES.get,
              help="Scripted plays hundreds of steps instantly; SmolLM2 runs the real model and shows real text.")
     from ui.models import DTYPES, bf16_offered

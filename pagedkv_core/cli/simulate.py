@@ -4,11 +4,16 @@
     python -m pagedkv_core simulate --workload-file requests.json --trace-out run.jsonl
     python -m pagedkv_core simulate --workload-file trace.csv --trace-start 500 --trace-count 200 \
         --allocator contiguous --contiguous-policy pow2 --json
+    python -m pagedkv_core simulate --workload-file conversation_trace.jsonl --trace-count 500 \
+        --length-scale 1/16 --block-size 32 --pool-slots 65536 --eviction belady --json
 
 Prints the run summary as a table (or one JSON object with ``--json``), with the memory-waste
 breakdown of the vLLM paper's Figure 2 (``waste_breakdown``: token, reservation, internal,
 external, free, shares of the pool averaged over the steps in which anything is allocated, and
-``token_share`` = token / (pool - free)); ``--trace-out`` streams every step into a trace for
+``token_share`` = token / (pool - free)) and the prefix cache's hit rate with its token counts
+(``prefix_cache_hit_tokens`` / ``prefix_cache_queried_tokens``: the prompt tokens served from
+the cache / the prompt tokens of admitted requests, a re-admission after recompute counted apart
+as vLLM does); ``--trace-out`` streams every step into a trace for
 the app's trace viewer and ``replay``. Every flag is checked before the workload is built, and
 the workload before the run.
 """
@@ -16,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from fractions import Fraction
 
 from ..config import ConfigError, setting_spec
 from ..engine import Engine
 from ..scripted import ScriptedSource
 from ..safe_io import check_writable
 from ..waste import CLASSES, WasteAccumulator, final_written
+from ..hash_trace import DEFAULT_CONTEXT as HASH_TRACE_CONTEXT
 from ..workloads import WORKLOADS, TraceOptions, build_workload, load_workload_file
 from .flags import add_engine_args, config_from_args
 from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
@@ -33,6 +40,14 @@ TRACE_FLAGS = {"start": "trace_start", "count": "trace_count", "seconds_per_step
                "max_tokens": "max_tokens", "max_context": "max_context", "length_scale": "length_scale"}
 
 
+def _scale(text: str) -> float:
+    """A length scale: a number or a fraction (``0.0625``, ``1/16``)."""
+    try:
+        return float(Fraction(text.strip()))
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"must be a number or a fraction such as 1/16, got {text!r}") from None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate",
@@ -42,8 +57,10 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="NAME", help=f"built-in workload: {', '.join(WORKLOADS)}")
     src.add_argument("--workload-file", metavar="PATH",
-                     help="JSON list of requests, or a request trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)")
-    t = p.add_argument_group("request traces (--workload-file *.csv)")
+                     help="JSON list of requests, a request trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens), "
+                          "or a request trace with prefix hashes, JSON lines (.jsonl) of {timestamp, input_length, "
+                          "output_length, hash_ids} as Mooncake publishes")
+    t = p.add_argument_group("request traces (--workload-file *.csv or *.jsonl)")
     defaults = TraceOptions()
     t.add_argument("--trace-start", type=int, metavar="ROW", help="rows to skip (default 0)")
     t.add_argument("--trace-count", type=int, metavar="N", help="requests to take (default: the rest)")
@@ -53,8 +70,11 @@ def register(subparsers) -> None:
     t.add_argument("--max-tokens", metavar="context|answer|N",
                    help="what a request may write, i.e. what Orca (Max) reserves beyond the prompt: up to the "
                         f"max context (default, {defaults.max_context:,} tokens), the answer's own length, or a fixed cap N")
-    t.add_argument("--max-context", type=int, metavar="N", help=f"the model's context (default {defaults.max_context:,})")
-    t.add_argument("--length-scale", type=float, metavar="F", help="scale every length, e.g. 0.125 (default 1)")
+    t.add_argument("--max-context", type=int, metavar="N",
+                   help=f"the model's context (default {defaults.max_context:,}; {HASH_TRACE_CONTEXT:,} for a .jsonl trace)")
+    t.add_argument("--length-scale", type=_scale, metavar="F",
+                   help="scale every length, e.g. 0.125 or 1/8 (default 1); in a .jsonl trace a 512-token hash block "
+                        "becomes 512*F tokens, a whole number the block size must divide")
     pool = setting_spec("pool_slots").default
     add_engine_args(p, default_notes={"pool_slots": f"default: the workload's pool size, else {pool}"})
     p.add_argument("--trace-out", metavar="PATH", help="write every step's snapshot as JSON lines")
@@ -72,11 +92,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     options = {name: getattr(args, flag) for name, flag in TRACE_FLAGS.items() if getattr(args, flag) is not None}
     if args.workload is not None:
         if options:
-            raise ConfigError(f"--{TRACE_FLAGS[sorted(options)[0]].replace('_', '-')} applies only to --workload-file *.csv")
+            raise ConfigError(f"--{TRACE_FLAGS[sorted(options)[0]].replace('_', '-')} applies only to --workload-file "
+                              f"*.csv or *.jsonl")
         workload = build_workload(args.workload, args.seed)
     else:
         workload = load_workload_file(args.workload_file, args.seed, **options)
     config = config_from_args(args, pool_slots=workload.pool_slots)
+    problem = workload.block_size_problem(config)
+    if problem is not None:
+        raise ConfigError(problem)
     writer = trace_writer(args.trace_out, {"workload": workload.name}) if args.trace_out else None
     sink = None
     try:
@@ -120,7 +144,8 @@ def format_summary(s: dict) -> str:
         "KV usage (mean)",
         "token utilization (mean)",
         "preemptions",
-        "prefix-cache hit rate",
+        ("prefix-cache hit rate", f"{s['prefix_cache_hit_rate']:.1%} ({s['prefix_cache_hit_tokens']:,} of "
+                                  f"{s['prefix_cache_queried_tokens']:,} prompt tokens; eviction {s['eviction']})"),
         ("memory (paper's Figure 2)", ", ".join(f"{k} {v:.1%}" for k, v in s["waste_breakdown"].items())
          + f"; token share {s['token_share']:.1%}"),
     ])

@@ -1,0 +1,295 @@
+"""Request traces that carry prefix hashes (Mooncake's JSON-lines format) as workloads.
+
+One request a line: ``{"timestamp": ms since the start, "input_length": prompt tokens,
+"output_length": answer tokens, "hash_ids": [...]}`` (other keys are ignored). ``hash_ids`` holds
+one id per 512-token block of the prompt, chained: block ``i``'s id stands for that block and
+every block before it, so two requests whose first ``k`` ids are equal share their first
+``k`` x 512 prompt tokens. The last id may cover a partial block. No text or token ids are
+published, so pagedkv makes them from the ids:
+
+- **Token ids from hash ids.** Each hash block's tokens are a fixed function of its id alone
+  (:func:`token_run`): its first two tokens spell the id in base 49,149 (the scripted
+  vocabulary past the special tokens), the rest are a PCG64 stream seeded with the id through
+  the splitmix64 mixer of :mod:`pagedkv_core.scripted`; a request's last, partial block takes
+  the first tokens of its id's run. Equal ids give equal runs, so a prefix shared in the trace
+  is a prefix shared in the engine; distinct ids (below 49,149² ≈ 2.4·10⁹) give runs that differ
+  in their first two tokens, so at any block size of two tokens or more the engine's chained
+  block hashes match exactly where the trace's ids do. At block size 1 two ids that follow the
+  same parent share a one-token block when they are equal modulo 49,149 (408 such pairs in the
+  shipped trace), a token of sharing the trace does not have.
+- **Scale.** With ``length_scale`` f a hash block is 512·f tokens (f = 1/16: 32), which must be
+  a whole number. An engine block size that divides it keeps the sharing exact; one that does
+  not would split hash blocks across engine blocks, and is refused (:func:`block_size_problem`).
+- **Options** are those of a CSV request trace (:class:`~pagedkv_core.workloads.TraceOptions`:
+  which rows, time scale, length scale, what a request may write), read the same way; only the
+  default context differs: :data:`DEFAULT_CONTEXT` tokens (every request of the shipped trace
+  fits it), where a CSV trace's is 2,048 (its prompts are short). A bad line is refused with its
+  line number and field, under the limits of every workload file (size, rows, requests, tokens).
+
+The shipped trace is Mooncake's conversation trace (FAST'25, Apache-2.0; see
+``data/mooncake_fast25/``).
+"""
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import MAX_ARRIVAL_STEP, MAX_BLOCK_SIZE, ConfigError
+from .safe_io import loads_json
+from .scripted import FIRST_TOKEN, VOCAB_SIZE, _mix as splitmix64
+from .workloads import (
+    DATA_DIR,
+    MAX_TRACE_REQUESTS,
+    MAX_TRACE_ROWS,
+    TraceOptions,
+    Workload,
+    WorkloadRequest,
+    _check_total_tokens,
+    _open_bytes,
+    _open_trace,
+    _row_problem,
+    _trace_description,
+)
+
+HASH_BLOCK = 512  # prompt tokens per hash id in the trace
+DEFAULT_CONTEXT = 131_072  # the context a hash trace's "context" mode assumes (the longest shipped request: 126,195 + 2,000 fits)
+MAX_HASH_ID = (1 << 63) - 1
+FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+MOONCAKE_DIR = DATA_DIR / "mooncake_fast25"
+MOONCAKE_CONV_TRACE = MOONCAKE_DIR / "conversation_trace.jsonl"
+MOONCAKE_SOURCE = ("Mooncake conversation trace (FAST'25 release, Apache-2.0; Qin et al., \"Mooncake: Trading More "
+                   "Storage for Less Computation\", USENIX FAST 2025)")
+
+
+@dataclass(frozen=True)
+class HashTraceRow:
+    """One request of a hash trace, as the file states it."""
+
+    line: int  # 1 = the file's first line
+    time_s: float  # timestamp, in seconds
+    prompt_len: int  # input_length
+    answer_len: int  # output_length
+    hash_ids: tuple[int, ...]  # one per 512-token block of the prompt
+
+
+# ---------------------------------------------------------------------------- tokens
+def hash_block_tokens(length_scale: float) -> int:
+    """Tokens of one hash block at ``length_scale``: 512·f, which must be a whole number >= 1."""
+    size = HASH_BLOCK * length_scale
+    whole = round(size)
+    if whole < 1 or abs(size - whole) > 1e-9:
+        raise ConfigError(f"length_scale {length_scale:g} makes a {HASH_BLOCK}-token hash block {size:g} tokens; "
+                          f"a hash trace needs a whole number, e.g. length scale 1/16 (32 tokens) or 1/8 (64)")
+    return whole
+
+
+_BASE = VOCAB_SIZE - FIRST_TOKEN  # token ids a run may use
+
+
+def token_run(hash_id: int, block_tokens: int) -> tuple[int, ...]:
+    """The ``block_tokens`` token ids of hash block ``hash_id``, a function of the id alone: the
+    id spelled in two tokens, then a stream seeded with it."""
+    head = (FIRST_TOKEN + hash_id % _BASE, FIRST_TOKEN + hash_id // _BASE % _BASE)[:block_tokens]
+    if block_tokens <= 2:
+        return head
+    rng = np.random.Generator(np.random.PCG64(splitmix64(hash_id)))
+    return head + tuple(rng.integers(FIRST_TOKEN, VOCAB_SIZE, size=block_tokens - 2).tolist())
+
+
+def scaled_prompt_len(row: HashTraceRow, block_tokens: int) -> int:
+    """The prompt's length at the scale where a hash block is ``block_tokens``: every block but
+    the last in full, the last one's share scaled (rounded, at least one token)."""
+    n = len(row.hash_ids)
+    tail = row.prompt_len - HASH_BLOCK * (n - 1)
+    return (n - 1) * block_tokens + max(1, round(tail * block_tokens / HASH_BLOCK))
+
+
+def prompt_tokens(hash_ids: Iterable[int], prompt_len: int, block_tokens: int,
+                  runs: dict[int, tuple[int, ...]] | None = None) -> tuple[int, ...]:
+    """A prompt of ``prompt_len`` tokens: the runs of its hash ids, the last one cut to what is
+    left. ``runs`` caches the runs by id (requests that share ids then share the token objects)."""
+    runs = {} if runs is None else runs
+    parts = []
+    left = prompt_len
+    for h in hash_ids:
+        if left <= 0:
+            break
+        run = runs.get(h)
+        if run is None:
+            run = runs[h] = token_run(h, block_tokens)
+        parts.append(run if left >= block_tokens else run[:left])
+        left -= block_tokens
+    return tuple(t for part in parts for t in part) if len(parts) > 1 else (parts[0] if parts else ())
+
+
+def dividing_block_sizes(block_tokens: int) -> list[int]:
+    return [b for b in range(1, min(block_tokens, MAX_BLOCK_SIZE) + 1) if block_tokens % b == 0]
+
+
+def block_size_problem(block_tokens: int, block_size: int) -> str | None:
+    """Why an engine block size cannot replay a hash trace whose blocks are ``block_tokens``
+    tokens (None: it divides them, and the sharing is exact)."""
+    if block_tokens % block_size == 0:
+        return None
+    sizes = dividing_block_sizes(block_tokens)
+    listed = ", ".join(map(str, sizes[:-1])) + f" or {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+    return (f"block size {block_size} does not divide the trace's {block_tokens}-token hash blocks, so its shared "
+            f"prefixes would not line up with the engine's blocks; use a block size of {listed}")
+
+
+# ---------------------------------------------------------------------------- reading
+def _int(where: str, obj: dict, key: str, lo: int, hi: int | None = None) -> int:
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi:,}]"
+        raise ConfigError(f"{where}: {key} must be a whole number {bound}, got {value!r}")
+    return value
+
+
+def _row(where: str, line: int, text: str) -> HashTraceRow:
+    obj = loads_json(text, where, max_depth=3)
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: must be a JSON object with {', '.join(FIELDS)}, got {type(obj).__name__}")
+    missing = [k for k in FIELDS if k not in obj]
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(map(repr, missing))}")
+    t = obj["timestamp"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise ConfigError(f"{where}: timestamp must be a number of milliseconds >= 0, got {t!r}")
+    prompt = _int(where, obj, "input_length", 1)
+    answer = _int(where, obj, "output_length", 1)
+    ids = obj["hash_ids"]
+    if not isinstance(ids, list):
+        raise ConfigError(f"{where}: hash_ids must be a list of whole numbers, got {type(ids).__name__}")
+    for h in ids:
+        if isinstance(h, bool) or not isinstance(h, int) or h < 0 or h > MAX_HASH_ID:
+            raise ConfigError(f"{where}: hash_ids must hold whole numbers in [0, 2^63), got {h!r}")
+    need = -(-prompt // HASH_BLOCK)
+    if len(ids) != need:
+        raise ConfigError(f"{where}: hash_ids has {len(ids):,} ids, but input_length {prompt:,} is {need:,} "
+                          f"blocks of {HASH_BLOCK} tokens (one id each)")
+    return HashTraceRow(line, t / 1000.0, prompt, answer, tuple(ids))
+
+
+def hash_trace_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterator[HashTraceRow]:
+    """Stream the requests of a hash trace after the first ``start`` (those are counted, not
+    parsed); blank lines are skipped. Raises ConfigError naming the line and the field."""
+    row = 0
+    line = 0
+    with stream:
+        try:
+            for line, text in enumerate(stream, 1):
+                if not text.strip():
+                    continue
+                row += 1
+                if row > MAX_TRACE_ROWS:
+                    raise ConfigError(f"{name}: more than {MAX_TRACE_ROWS:,} requests; use a shorter trace")
+                if row <= start:
+                    continue
+                yield _row(f"{name} line {line}", line, text)
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{name}: not UTF-8 text after line {line} ({exc.reason})") from None
+        except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
+            raise ConfigError(f"{name}: cannot read the trace: {exc}") from None
+
+
+def read_hash_trace(path, start: int = 0, count: int | None = None) -> list[HashTraceRow]:
+    """The requests of a hash trace file after the first ``start``: ``count`` of them (None: all).
+    For callers that need the ids themselves (:mod:`pagedkv_core.prefix_replay`, the benchmark)."""
+    path = Path(path)
+    rows = []
+    for r in hash_trace_rows(_open_trace(path), path.name, start):
+        rows.append(r)
+        if len(rows) == count:
+            break
+    if not rows:
+        raise ConfigError(f"{path.name}: no requests after request {start:,}")
+    return rows
+
+
+def hash_trace_options(**options) -> TraceOptions:
+    """TraceOptions from keyword options (None = the default), with a hash trace's context."""
+    given = {k: v for k, v in options.items() if v is not None}
+    return TraceOptions.of(**{"max_context": DEFAULT_CONTEXT, **given})
+
+
+def load_hash_trace(path, seed: int = 0, **options) -> Workload:
+    """A hash trace file as a workload (``options``: the fields of TraceOptions)."""
+    path = Path(path)
+    opt = hash_trace_options(**options)
+    hash_block_tokens(opt.length_scale)  # before the file is read
+    return hash_trace_workload(hash_trace_rows(_open_trace(path), path.name, opt.start), path.name, opt)
+
+
+def hash_trace_from_bytes(data: bytes, name: str, seed: int = 0, **options) -> Workload:
+    """The same as :func:`load_hash_trace`, for an upload's bytes (size already checked)."""
+    opt = hash_trace_options(**options)
+    hash_block_tokens(opt.length_scale)
+    return hash_trace_workload(hash_trace_rows(_open_bytes(data, name), name, opt.start), name, opt)
+
+
+# ---------------------------------------------------------------------------- the workload
+def hash_trace_workload(rows: Iterable[HashTraceRow], file_name: str, opt: TraceOptions, *, name: str | None = None,
+                        description: str | None = None, limits: bool = True) -> Workload:
+    """Requests from hash-trace rows under ``opt``; request ``r<line>``'s prompt is made from
+    its hash ids (:func:`prompt_tokens`). ``limits``: the bounds of every workload file (at most
+    MAX_TRACE_REQUESTS requests without a count, MAX_WORKLOAD_TOKENS prompt tokens); a trusted
+    caller (a benchmark over the whole shipped trace) may lift them with False."""
+    block = hash_block_tokens(opt.length_scale)
+    mode = opt.max_tokens
+    context = opt.scaled(opt.max_context)
+    cap = opt.scaled(mode) if isinstance(mode, int) else None
+    limit = (MAX_TRACE_REQUESTS if limits else None) if opt.count is None else opt.count
+    kept: list[tuple[HashTraceRow, int, int, int]] = []  # (row, prompt_len, output_len, max_tokens)
+    left_out = 0
+    last = opt.start
+    for r in rows:
+        if limit is not None and len(kept) == limit:  # only without a count: one more means too many
+            raise ConfigError(f"{file_name}: more than {limit:,} requests after request {opt.start:,}: "
+                              f"give a count of at most {limit:,}")
+        last = r.line
+        prompt, answer = scaled_prompt_len(r, block), opt.scaled(r.answer_len)
+        if mode == "context":
+            if prompt + answer > context:
+                left_out += 1
+                continue
+            kept.append((r, prompt, answer, context - prompt))
+        elif mode == "answer":
+            kept.append((r, prompt, answer, answer))
+        else:
+            kept.append((r, prompt, min(answer, cap), cap))
+        if len(kept) == opt.count:
+            break
+    if not kept:
+        why = f" ({left_out:,} left out: longer than the {context:,}-token context)" if left_out else ""
+        raise ConfigError(f"{file_name}: no requests after request {opt.start:,}{why}")
+    t0 = min(r.time_s for r, *_ in kept)
+    per_step = opt.seconds_per_step / opt.rate
+    steps = []
+    for r, *_ in kept:
+        at = (r.time_s - t0) / per_step
+        if not at <= MAX_ARRIVAL_STEP:
+            raise ConfigError(f"{file_name} line {r.line}: arrives at step {at:,.0f}, beyond {MAX_ARRIVAL_STEP:,}; "
+                              f"use more seconds per step or fewer requests")
+        steps.append(int(at))
+    problems = [_row_problem(prompt, max(answer, mt)) for _r, prompt, answer, mt in kept]
+    if limits:
+        _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
+                            "use fewer requests (count) or a length_scale below 1")
+    runs: dict[int, tuple[int, ...]] = {}
+    reqs = []
+    for (r, prompt, answer, mt), step, problem in zip(kept, steps, problems):
+        rid = f"r{r.line}"
+        if problem is not None:
+            reqs.append(WorkloadRequest(rid, (), 1, 1, arrival_step=step, reject_reason=problem))
+            continue
+        reqs.append(WorkloadRequest(rid, prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step))
+    if description is None:
+        description = _trace_description(file_name, opt, len(kept), kept[0][0].line, last, left_out, context, cap)
+        description = description.replace(" rows ", " lines ", 1) + f"; hash blocks of {block} tokens"
+    return Workload(name or file_name, description, tuple(reqs), opt.pool_slots, hash_block=block)

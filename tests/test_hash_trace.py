@@ -408,3 +408,19 @@ def test_cli_names_the_bad_line(tmp_path):
     out = simulate("--workload-file", str(path))
     assert out.returncode == 2
     assert out.stderr.strip() == "error: bad.jsonl line 2: input_length must be a whole number >= 1, got 'many'"
+
+
+# ---------------------------------------------------------------------------- the app
+def test_the_app_runs_an_uploaded_jsonl_trace_with_its_length_scale():
+    from tests.apptest import open_page, uploader
+
+    data = b"".join(MOONCAKE_CONV_TRACE.read_bytes().splitlines(keepends=True)[:30])
+    at = open_page("pages/reserve_or_page.py")
+    uploader(at, "workload_upload").set_value(("conv.jsonl", data, "application/octet-stream")).run()
+    at.select_slider(key="hash_length_scale").set_value("1/16").run()
+    at.number_input(key="pool_slots").set_value(65536).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    _key, workload = at.session_state["_workload_upload"]
+    assert workload.hash_block == 32 and len(workload.requests) == 30
+    assert workload.requests[1].prompt[:32] == token_run(0, 32)  # the trace's first id, shared by its requests

@@ -29,6 +29,7 @@ from pagedkv_core.engine import Engine
 from pagedkv_core.kv_math import KVShape, format_bytes
 from pagedkv_core.memory import check_fits, kv_pool_bytes, session_budget
 from pagedkv_core.model.loader import ModelLoadError, convert_once, gguf_cache_dir, load_model, resolve_source
+from ui import live_kv_events
 
 
 def model_path() -> str:
@@ -194,7 +195,7 @@ class EngineFactory:
         source = copy.copy(self.runner)
         if self.cores is not None:
             source = CoreSharingSource(source, self.cores)
-        return Engine(config, source, recording=recording)
+        return Engine(config, source, recording=recording, kv_event_sink=live_kv_events.sink_for(config))
 
 
 def engine_factory() -> EngineFactory | None:

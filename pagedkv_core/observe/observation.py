@@ -180,7 +180,8 @@ class ObservationRecorder:
         for e in events:
             self._fold(e)
         t = self.clock() if t is None else t
-        events.append(Event(OBSERVED, -1, "", {"t": t, "cached": len(self._position), "overflow": self.overflow}))
+        events.append(Event(OBSERVED, -1, "", {"t": t, "cached": len(self._position), "overflow": self.overflow,
+                                                "metrics": self.metrics is not None}))
         a = {k: v.copy() for k, v in self._arrays.items()}
         snap = StepSnapshot(step=self.steps, allocator="paged", block_size=self.block_size,
                             num_slots=self.num_blocks * self.block_size, num_blocks=self.num_blocks, num_host_blocks=0,
@@ -218,17 +219,34 @@ class Observation:
                 return float(e.detail["t"])
         return None
 
+    def has_metrics(self, step: int) -> bool:
+        """Whether the observation had a /metrics scrape by ``step`` (an event stream alone has none)."""
+        for e in self.events(step):
+            if e.kind == OBSERVED:
+                return bool(e.detail.get("metrics", True))
+        return False
+
     def state_at(self, step: int, rank: int = 0) -> CacheState:
-        """The cache of ``rank`` as the server's events left it after ``step`` (folded from step 0)."""
-        state = CacheState()
-        first = self.recording.first_step
+        """The cache of ``rank`` as the server's events left it after ``step``: folded from step 0,
+        or on from the step asked for last (scrubbing forward costs the steps in between). The
+        state returned is shared with the next call: read it, do not change it."""
+        cursor = self.__dict__.get("_cursor")
+        if cursor is not None and cursor[0] == rank and cursor[1] <= step:
+            _, start, state = cursor
+            start += 1
+        else:
+            state, start = CacheState(), self.recording.first_step
+        self._fold(state, start, step, rank)
+        self.__dict__["_cursor"] = (rank, step, state)
+        return state
+
+    def _fold(self, state: CacheState, first: int, step: int, rank: int) -> None:
         for s in range(first, step + 1):
             t = self.time_at(s) or 0.0
             for e in self.events(s):
                 wire = _wire_of(e) if e.detail.get("rank", rank) == rank else None
                 if wire is not None:
                     state.apply(wire, float(e.detail.get("t", t)))
-        return state
 
     def rates(self) -> list[dict]:
         """Per step: wall time, blocks stored and removed in it (hashes, not events)."""

@@ -89,14 +89,16 @@ class KVEventPublisher:
     def next_seq(self) -> int:
         return self._seq
 
-    def publish(self, events, ts: float | None = None) -> int:
-        """Send one batch; returns its sequence number."""
-        payload = encode_batch(time.time() if ts is None else ts, events, self.data_parallel_rank, self.encoding)
-        seq = self._seq
-        self._seq += 1
+    def publish(self, events, ts: float | None = None, data_parallel_rank: int | None = None) -> int:
+        """Send one batch (``data_parallel_rank``: this batch's, else the publisher's); returns
+        its sequence number. Safe to call from several threads (one engine each)."""
+        rank = self.data_parallel_rank if data_parallel_rank is None else data_parallel_rank
+        payload = encode_batch(time.time() if ts is None else ts, events, rank, self.encoding)
         with self._lock:
+            seq = self._seq
+            self._seq += 1
             self._buffer.append((seq, payload))
-        self._send(seq, payload)
+            self._send(seq, payload)
         return seq
 
     def _send(self, seq: int, payload: bytes) -> None:
@@ -154,8 +156,10 @@ class EngineKVEvents:
     ``published`` keeps every flushed batch's events when ``keep=True``."""
 
     def __init__(self, publisher: KVEventPublisher | None, block_size: int, medium: str = DEFAULT_MEDIUM,
-                 keep: bool = False):
+                 keep: bool = False, clock=time.time, data_parallel_rank: int | None = None):
         self.publisher = publisher
+        self.data_parallel_rank = data_parallel_rank  # several engines on one publisher: one rank each
+        self.clock = clock  # the batches' timestamps
         self.block_size = block_size
         self.medium = medium
         self.keep = keep
@@ -201,7 +205,7 @@ class EngineKVEvents:
         if self.keep:
             self.published.append(events)
         if self.publisher is not None:
-            self.publisher.publish(events, ts)
+            self.publisher.publish(events, self.clock() if ts is None else ts, self.data_parallel_rank)
         return events
 
     def summary(self) -> dict:

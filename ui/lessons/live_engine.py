@@ -166,9 +166,14 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
     bs = rec.config.block_size
     last = rec.last_step
     appends = rec.events(APPEND)
-    app_step, app_ev = appends[0] if appends else (1, None)
     finishes = rec.events(FINISH)
     fin_step, fin_ev = finishes[0] if finishes else (last, None)
+    # The new block the guide asks about: the first append that does not fall in the finish
+    # question's window (the step before the first finish and the finish), so that neither
+    # question's answer lies between the other's question and answer.
+    apart = [a for a in appends if fin_ev is None or not fin_step - 1 <= a[0] <= fin_step]
+    app_step, app_ev = apart[0] if apart else (appends[0] if appends else (1, None))
+    ask_block = bool(apart)
     total_tokens = rec.at(last).metrics.tokens_generated
     total_s = sum(rec.wall_s)
     grow = app_ev.request_id if app_ev else first
@@ -184,6 +189,8 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
 
     longest = max(ids, key=lambda r: len(rec.requests[r].prompt_ids))
     decode_step = min(1, last)
+    if app_ev is not None and decode_step >= app_step - 1:  # not between the block question and its answer
+        decode_step = app_step
     cfg = rec.config
     steps = [
         GuideStep(f"{n} prompts arrive", f"{n} chat prompts arrive together and are prefilled in one step. {first}'s "
@@ -197,18 +204,26 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
                   "request are allocated but still empty: that is the only waste paging leaves, less than one block per "
                   "request.", {"step": 0, "select": ids[1 % n]}),
     ]
-    if app_ev is not None:
-        _, fills0 = last_block_fill(rec.at(0), ids.index(grow))
+    block_question = None
+    if app_ev is not None and ask_block:
+        # Asked at the latest step the guide has shown before the new block, so that the guide never
+        # goes back in time: from the first prompts' step, decoding and (when it comes first) a finish.
+        shown = [0, decode_step] + ([fin_step - 1, fin_step] if fin_ev is not None and fin_step >= 1 else [])
+        at = max([s for s in shown if s < app_step], default=0)
+        _, fills0 = last_block_fill(rec.at(at), ids.index(grow))
         f0 = fills0[-1] if fills0 else 0
-        steps.append(GuideStep(
-            "When is the block full?", f"Look at {grow}'s block table after step 0: its last block (yellow) holds {f0} "
-            f"of {bs} slots. From now on every step writes one more token of each answer into the pool.",
-            {"step": 0, "select": grow, "figure": "table"},
+        block_question = GuideStep(
+            "When is the block full?", f"Look at {grow}'s block table after step {at}: its last block (yellow) holds "
+            f"{f0} of {bs} slots. From now on every step writes one more token of each answer into the pool.",
+            {"step": at, "select": grow, "figure": "table"},
             predict=Prediction(
                 "live_new_block", f"Predict: at which step will {grow} need a new block?", app_step,
-                f"After step 0 its last block held {f0} of {bs} slots; one token per step filled the other {bs - f0} by "
-                f"step {app_step - 1}, so at step {app_step} its next token needed a fresh block.", tolerance=1),
-            reveal={"step": app_step}))
+                (f"After step {at} its last block held {f0} of {bs} slots; one token per step filled the other "
+                 f"{bs - f0} by step {app_step - 1}, so at step {app_step} its next token needed a fresh block."
+                 if f0 < bs else f"After step {at} its last block was already full ({f0} of {bs} slots), so its very "
+                 f"next token, at step {app_step}, needed a fresh block."),
+                tolerance=1),
+            reveal={"step": app_step})
     steps += [
         GuideStep("Decoding", f"Step {decode_step}: every step adds one token to every running request: the answers "
                   "below grow token by token, and so does the filled part of each last block.",
@@ -247,7 +262,11 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
                   f"measured engine time on this machine ({total_tokens / max(total_s, 1e-9):.1f} tokens/s, all {n} "
                   "requests batched together).", {"step": last, "select": ids[-1]}),
     ]
-    return sorted(steps, key=lambda g: g.show["step"])  # forward through the run, never back
+    steps = sorted(steps, key=lambda g: g.show["step"])  # forward through the run, never back
+    if block_question is not None:  # after the steps it follows, before the new block it asks about
+        i = next((k for k, g in enumerate(steps) if g.show["step"] > block_question.show["step"]), len(steps))
+        steps.insert(i, block_question)
+    return steps
 
 
 # ---------------------------------------------------------------------------- explore

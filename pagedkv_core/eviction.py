@@ -124,8 +124,12 @@ class BeladyEviction:
         for p in passed:  # re-key the cached blocks whose planned use just became past
             for h in self._at[p]:
                 block = free.get(h)
-                if block is not None:
-                    self._push(block, h)
+                if block is None:
+                    continue
+                if block.block_hash != h:  # the pool forgot the hash (a reset of the prefix cache)
+                    del free[h]
+                    continue
+                self._push(block, h)
 
     def victim(self, free_queue):
         heap, stamp, free = self._heap, self._stamp, self._free

@@ -424,3 +424,22 @@ def test_the_app_runs_an_uploaded_jsonl_trace_with_its_length_scale():
     _key, workload = at.session_state["_workload_upload"]
     assert workload.hash_block == 32 and len(workload.requests) == 30
     assert workload.requests[1].prompt[:32] == token_run(0, 32)  # the trace's first id, shared by its requests
+
+
+def test_belady_survives_a_reset_of_the_prefix_cache():
+    pool = BlockPool(2, eviction=BeladyEviction())
+    pool.eviction.plan([(0, [1, 2]), (1, [1]), (2, [3, 4])])
+    pool.eviction.admitting(0)
+    a, b = pool.allocate(), pool.allocate()
+    pool.register(a, 1), pool.register(b, 2)
+    pool.release(a), pool.release(b)
+    assert pool.reset_prefix_cache()
+    pool.check_invariants()
+    pool.eviction.admitting(1)  # the forgotten hash 1 is not re-keyed
+    c, d = pool.allocate(), pool.allocate()
+    pool.register(c, 3), pool.register(d, 4)
+    pool.release(d), pool.release(c)
+    pool.check_invariants()
+    pool.eviction.admitting(2)
+    assert {pool.allocate().block_id, pool.allocate().block_id} == {0, 1}
+    pool.check_invariants()

@@ -310,6 +310,7 @@ def test_engine_publisher_to_observer_block_for_block():
         summary = observer.summary()
         assert summary["blocks_stored"] == sink.blocks_stored and summary["blocks_removed"] == sink.blocks_removed
         assert summary["cached_blocks"] == len(pool.cached) and summary["block_size"] == 16
+        assert summary["blocks_stored"] - summary["blocks_removed"] == len(pool.cached)
         assert sink.blocks_removed > 0, "the pool should have evicted cached blocks"
         assert summary["gaps"] == 0 and summary["malformed"] == 0 and summary["unknown_fields"] == 0
         # each cached block's tokens are the ones in the engine's slots, and (parent, tokens) hash to it

@@ -112,6 +112,12 @@ class LiveObservation:
             self.observer.close()
             self.closed = True
 
+    def __del__(self):  # a session the janitor cleared (ui/sessions.py) lets its sockets go with it
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
 
 # ---------------------------------------------------------------------------- figures
 @dataclass
@@ -190,7 +196,7 @@ def forest_figure(state: CacheState, now: float, color_by: str = "age", text_of=
 
 
 def _times(obs: Observation) -> np.ndarray:
-    t = np.array([obs.time_at(s) or np.nan for s in obs.recording.steps], dtype=float)
+    t = np.array([r["t"] if r["t"] is not None else np.nan for r in obs.rates()], dtype=float)
     return t - np.nanmin(t) if len(t) and np.isfinite(t).any() else t
 
 

@@ -249,9 +249,10 @@ class Observation:
                     state.apply(wire, float(e.detail.get("t", t)))
 
     def rates(self) -> list[dict]:
-        """Per step: wall time, blocks stored and removed in it (hashes, not events)."""
-        out = []
-        for s in self.recording.steps:
+        """Per step: wall time, blocks stored and removed in it (hashes, not events). Kept: a
+        recording that grows (a live observation) costs its new steps only."""
+        out = self.__dict__.setdefault("_rates", [])
+        for s in range(self.recording.first_step + len(out), self.recording.first_step + self.num_steps):
             stored = removed = 0
             for e in self.events(s):
                 if e.kind == STORED:

@@ -10,12 +10,13 @@ if not presenter.on(lesson.KEY):
     st.markdown(
         "How many token slots should one block hold? Small blocks waste little of each sequence's last block but make "
         "long block tables; large blocks waste up to a block per sequence and share prefixes only in big steps. "
-        "Below, one workload runs at every block size from 1 to 128 (on the scripted token source, so the sweep takes "
+        f"Below, one workload runs at every block size from {lesson.BLOCK_SIZES[0]} to {lesson.BLOCK_SIZES[-1]} (on the "
+        "scripted token source, so the sweep takes "
         "a moment), then a calculator turns a model's architecture and a memory budget into a pool."
     )
 all_presets = lesson.presets()
 config, workload, seed = lesson.sweep_settings(guided)
-with st.spinner("Running the workload at 8 block sizes…"):
+with st.spinner(f"Running the workload at {len(lesson.BLOCK_SIZES)} block sizes…"):
     points = lesson.sweep(config, workload, seed)
 
 if guided:
@@ -28,7 +29,7 @@ if guided:
 else:
     highlight, fixed, hidden = int(config.block_size), None, ()
 
-st.header("One workload, eight block sizes")
+st.header(f"One workload, {len(lesson.BLOCK_SIZES)} block sizes")
 if guided:
     st.caption(f"Guide mode: {lesson.SHORT_CHAT_REQUESTS} short chat turns, a {config.pool_slots:,}-slot pool, the "
                "engine's default settings, whatever the sidebar says.")
@@ -38,7 +39,8 @@ else:
                f"marks the sidebar's block size, {config.block_size}.")
 lesson.sweep_charts(points, highlight, workload.name, hidden)
 st.caption("Token utilization and waste are averaged over the steps in which anything was allocated. The prefix chart "
-           f"runs a separate small workload: five requests sharing a {lesson.PREAMBLE_TOKENS}-token preamble, each with "
+           f"runs a separate small workload: {len(lesson.preamble_workload().requests)} requests sharing a "
+           f"{lesson.PREAMBLE_TOKENS}-token preamble, each with "
            "its own question; it counts the tokens each later request took from the prefix cache.")
 
 st.header("Pool calculator")

@@ -23,7 +23,8 @@ view = lesson.LiveView(token_text_lookup())
 
 if guided:
     rec = cached(lesson.guide_run, lesson.GUIDE_CONFIG,
-                 spinner="Running the guide's three prompts on SmolLM2 (about 20 steps)…")
+                 spinner=f"Running the guide's {len(lesson.GUIDE_QUESTIONS)} prompts on SmolLM2, up to "
+                         f"{lesson.GUIDE_MAX_TOKENS} tokens each…")
     if rec is None:
         st.stop()
     show = guide.nav(lesson.KEY, lesson.guide_steps(rec)).show

@@ -277,8 +277,9 @@ class PressureView:
                         help="so far: prefilled again on return (blocks still in the prefix cache are not recomputed)")
         c = st.columns(3)
         c[0].metric("engine steps", k["steps"])
-        c[1].metric("total time", f"{k['total s']:.1f} s", help="sum of the measured wall time of every engine.step() "
-                    "(the two runs were stepped in turn, so the machine's load weighs on both alike)")
+        c[1].metric("whole-run time (measured)", f"{k['total s']:.1f} s", help="sum of the measured wall time of every "
+                    "engine.step(), decodes and prefills included (the two runs were stepped in turn, so the machine's "
+                    "load weighs on both alike); the bill compares the modelled cost of the preemption work alone")
         c[2].metric("mean step time", f"{k['mean step s'] * 1000:.0f} ms")
         hover = slot_hover_text(snap, rec.request_ids, self.text_of)
         fig = pool_heatmap(snap.slot_state, snap.slot_owner, hover, snap.block_size,

@@ -81,6 +81,8 @@ def test_observe_a_server_through_discovery(tmp_path, capsys):
         assert sorted(snap.slot_token[snap.slot_token >= 0].tolist()) == [1, 2, 3, 4, 5, 6, 7, 8]
         assert snap.metrics.kv_usage == 0.125 and snap.metrics.prefix_hit_tokens == 480
         assert obs.header["observation"]["unknown"], "the view says what it does not know"
+        assert main(["replay", str(trace), "--json"]) == 0  # a trace like any other
+        assert json.loads(capsys.readouterr().out)["step"] == last
     finally:
         server.shutdown()
         server.server_close()

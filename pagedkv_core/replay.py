@@ -91,7 +91,9 @@ def format_report(r: dict, path: str) -> str:
         ("events", ", ".join(f"{k} {n}" for k, n in kinds.items()) or "none"),
     ]
     if r["kind"] == "contiguous":
-        rows.insert(7, ("fragmentation", f"{m['fragmented_slots']:,} slots in holes, largest free run {m['largest_free_run']:,}"))
+        need = m.get("next_reservation", 0)  # traces written before it was recorded lack it
+        rows.insert(7, ("fragmentation", f"{m['fragmented_slots']:,} slots in holes, largest free run {m['largest_free_run']:,}"
+                        + (f", the head of the queue needs {need:,} in one run" if need else "")))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 

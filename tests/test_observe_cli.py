@@ -100,6 +100,19 @@ def test_observe_refuses_what_it_cannot_watch(capsys):
     assert main(["observe", "--kv-events", "tcp://127.0.0.1:9", "--duration", "-1"]) == 2
 
 
+def test_observe_a_server_without_discovery_says_what_to_give(capsys):
+    server = fake_vllm([])
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert main(["observe", "--server", url]) == 2  # /kv_event_sources answers [] here
+        assert "publishes no KV events" in capsys.readouterr().err
+        assert main(["observe", "--server", url + "/nothing-here"]) == 2  # /metrics 404
+        assert "HTTP 404" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_observe_an_endpoint_that_never_sends_ends_with_one_line(capsys):
     rc = main(["observe", "--kv-events", "tcp://127.0.0.1:9", "--first-event-timeout", "0.3", "--json"])
     captured = capsys.readouterr()

@@ -92,7 +92,13 @@ def server_host(server: str) -> str:
 def discover(server: str, timeout: float = 5.0) -> list[EventSource]:
     """The event sources ``server`` reports. ServerError when it does not answer or reports none."""
     host = server_host(server)
-    data = http_get_json(server.rstrip("/") + "/kv_event_sources", timeout)
+    try:
+        data = http_get_json(server.rstrip("/") + "/kv_event_sources", timeout)
+    except ServerError as exc:
+        if "HTTP 404" in str(exc):
+            raise ServerError(f"{server} has no /kv_event_sources (an older vLLM?): give the event endpoint "
+                              "with --kv-events tcp://HOST:5557") from None
+        raise
     sources = parse_sources(data, host)
     if not sources:
         raise ServerError(f"{server} publishes no KV events (start vLLM with --kv-events-config "

@@ -99,6 +99,34 @@ def pool_heatmap(slot_state, slot_owner, hover_text, block_size: int, title: str
     return fig
 
 
+def integer_ticks(max_value: float, most: int = 6) -> dict:
+    """Axis settings for a count: whole-number ticks only (no 0.5 or 15.5), at most ``most`` of
+    them, at a step of 1, 2 or 5 times a power of ten. For ``update_yaxes(**...)`` or an axis dict."""
+    top = max(1.0, float(max_value))
+    decade = 1
+    while True:
+        for m in (1, 2, 5):
+            if top / (m * decade) <= most:
+                return {"tick0": 0, "dtick": m * decade, "tickformat": ",d", "rangemode": "tozero"}
+        decade *= 10
+
+
+LEGEND_ROW_PX = 22  # one row of a horizontal legend
+AXIS_TITLE_PX = 46  # tick labels and the x-axis title under a plot
+
+
+def legend_below(fig: go.Figure, rows: int = 1) -> go.Figure:
+    """A horizontal legend under the x-axis title, never over it: the bottom margin grows to hold
+    it (``rows``: rows the legend wraps to at the chart's width). Needs the figure's height."""
+    height = fig.layout.height or 450
+    top = fig.layout.margin.t if fig.layout.margin.t is not None else 40
+    bottom = AXIS_TITLE_PX + rows * LEGEND_ROW_PX + 6
+    plot = max(40, height - top - bottom)
+    fig.update_layout(margin=dict(b=bottom), legend=dict(orientation="h", x=0.0, xanchor="left", yanchor="top",
+                                                         y=-AXIS_TITLE_PX / plot))
+    return fig
+
+
 def step_curves(steps, series: dict[str, list], title: str, y_title: str, *, percent: bool = True,
                 current_step: int | None = None, height: int = 300) -> go.Figure:
     """Several named curves over the engine steps, on one chart."""
@@ -109,7 +137,8 @@ def step_curves(steps, series: dict[str, list], title: str, y_title: str, *, per
     if current_step is not None:
         fig.add_vline(x=current_step, line_dash="dot", line_color="#555")
     fig.update_layout(title=dict(text=title, x=0.0, font=dict(size=15)), height=height,
-                      margin=dict(l=50, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.25))
+                      margin=dict(l=50, r=10, t=40, b=40))
+    legend_below(fig)
     fig.update_xaxes(title_text="engine step")
     fig.update_yaxes(title_text=y_title, tickformat=".0%" if percent else None, rangemode="tozero")
     return fig

@@ -7,7 +7,8 @@ the elements of the previous run half-transparent (a grey veil) until the new ru
 on a page that redraws its figures on every step that veil is what a class sees for seconds. A
 chart's code is loaded on demand, and until it is, Streamlit draws a grey skeleton in its place
 (2-3 s on a slow machine): the skeletons keep their room but are not drawn. The style sheet goes
-out as a style-only ``st.html``, which Streamlit puts in no layout slot.
+out as markdown (drawn at once; ``st.html`` is itself loaded on demand, so its style came seconds
+late) whose element container the sheet itself hides, so it takes no room in the layout.
 Presenter mode (:mod:`ui.presenter`) adds its own, larger type on top.
 """
 from __future__ import annotations
@@ -22,9 +23,10 @@ header[data-testid="stHeader"] { background: transparent; }
 [data-testid="stMain"] h2 { font-size: 1.6rem; }
 [data-stale="true"] { opacity: 1 !important; transition: none !important; }
 [data-testid="stSkeleton"], [data-testid="stSkeletonElement"] { visibility: hidden !important; }
+[data-testid="stElementContainer"]:has(> [data-testid="stMarkdown"] style) { display: none; }
 </style>
 """
 
 
 def compact() -> None:
-    st.html(CSS)
+    st.markdown(CSS, unsafe_allow_html=True)

@@ -563,7 +563,8 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
     if cells.per_slot:
         x_title = f"{width} slots a row"
     else:
-        in_blocks = f" ({cells.blocks_per_cell} blocks)" if blocks and cells.block_size > 1 and cells.blocks_per_cell else ""
+        n_blocks = cells.blocks_per_cell
+        in_blocks = f" ({n_blocks} block{'s' if n_blocks != 1 else ''})" if blocks and cells.block_size > 1 and n_blocks else ""
         x_title = f"{width} cells a row; a cell = {spc:,} slots{in_blocks}"
     ticks = np.unique(np.linspace(0, rows - 1, num=min(rows, 6)).round().astype(int)).tolist()
     # One layout, given whole to the constructor: plotly validates it once (update_layout and

@@ -11,7 +11,7 @@ import streamlit as st
 from pagedkv_core.events import PREEMPT_RECOMPUTE, PREEMPT_SWAP
 from pagedkv_core.workloads import build_workload
 from ui import export, guide, presenter
-from ui.figures import series_color, step_curves
+from ui.figures import integer_ticks, legend_below, series_color, step_curves
 from ui.predict import Prediction, range_options
 from ui.runs import Run, scripted_pair
 
@@ -210,7 +210,7 @@ def dashboard(runs: list[Run], marker: int | None, upto: int | None = None) -> N
              "they lose (recompute) or move (swap) eats throughput. Raise the watermark or the pool, or admit fewer.")
     with right:
         chart(step_curves(steps, series("prefix_cache_hit_rate"),
-                          "Prefix-cache hit rate: hit tokens / queried tokens (cumulative)", "hit rate", current_step=marker),
+                          "Prefix-cache hit rate (cumulative)", "hit tokens / queried tokens", current_step=marker),
               "ops_prefix")
         note("high when requests share a system prompt (try the shared_preamble workload).",
              "near zero on a workload that shares prefixes means the cache is off, blocks are evicted before reuse, or "
@@ -245,10 +245,13 @@ def preemption_chart(runs: list[Run], n: int, marker: int | None, upto: int | No
                              opacity=0.45))
         fig.add_trace(go.Scatter(x=steps, y=totals[run.allocator], name=f"{run.allocator}: total",
                                  yaxis="y2", mode="lines", line=dict(color=color, width=2)))
-    fig.update_layout(title=dict(text="Preemptions (vLLM num_preemptions)", x=0, font=dict(size=15)), height=300,
-                      margin=dict(l=50, r=50, t=40, b=40), legend=dict(orientation="h", y=-0.25),
-                      yaxis=dict(title="this step", rangemode="tozero"),
-                      yaxis2=dict(title="total", overlaying="y", side="right", rangemode="tozero"))
+    most_per_step = max((v or 0 for ys in per_step_all.values() for v in ys), default=0)
+    most_total = max((v or 0 for ys in totals.values() for v in ys), default=0)
+    fig.update_layout(title=dict(text="Preemptions (vLLM num_preemptions)", x=0, font=dict(size=15)), height=320,
+                      margin=dict(l=50, r=50, t=40, b=40),
+                      yaxis=dict(title="this step", **integer_ticks(most_per_step)),  # counts: whole-number ticks
+                      yaxis2=dict(title="total", overlaying="y", side="right", showgrid=False, **integer_ticks(most_total)))
+    legend_below(fig, rows=2)
     fig.update_xaxes(title_text="engine step", range=[0, n - 1])
     if marker is not None:
         fig.add_vline(x=marker, line_dash="dot", line_color="#555")
@@ -269,7 +272,7 @@ def blocks_histogram(run: Run, step: int) -> go.Figure | None:
     fig.update_layout(title=dict(text=f"{run.allocator}: {len(alive)} sequences holding memory at step {snap.step}",
                                  x=0, font=dict(size=15)), height=300, margin=dict(l=50, r=10, t=40, b=40), bargap=0.05)
     fig.update_xaxes(title_text=f"{_unit(run)} per sequence")
-    fig.update_yaxes(title_text="sequences")
+    fig.update_yaxes(title_text="sequences", **integer_ticks(np.histogram(alive, bins=30)[0].max()))
     return fig
 
 

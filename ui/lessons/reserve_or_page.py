@@ -301,11 +301,10 @@ def explore(runs: list[Run]) -> None:
 
 def download_buttons(runs: list[Run]) -> None:
     """Each run's trace, and both runs' heatmaps as one animated HTML file."""
-    cols = st.columns(len(runs) + 1)
-    with cols[-1]:
+    with st.container(horizontal=True, gap="small"):  # each button as wide as its label: none is cut short
         export.download_animation(runs, KEY, "Reserve or page: contiguous reservations beside paged blocks",
                                   "reserve-or-page")
-    for col, run in zip(cols, runs):
-        col.download_button(f"Download the {run.allocator} trace (.jsonl)", run.trace_bytes if run.done else b"",
-                            file_name=f"pagedkv-{run.allocator}.jsonl", mime="application/jsonl",
-                            disabled=not run.done, key=f"{KEY}_dl_{run.allocator}", on_click="ignore")
+        for run in runs:
+            st.download_button(f"Download the {run.allocator} trace (.jsonl)", run.trace_bytes if run.done else b"",
+                               file_name=f"pagedkv-{run.allocator}.jsonl", mime="application/jsonl",
+                               disabled=not run.done, key=f"{KEY}_dl_{run.allocator}", on_click="ignore")

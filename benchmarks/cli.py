@@ -12,8 +12,8 @@ the default one, inside ``--out-dir`` otherwise). Real-model benchmarks run on t
 torch thread. A missed target is reported, not an error: the exit status is 0 unless a
 benchmark crashed (1). Unknown names exit with code 2 and one line.
 
-Adding a benchmark: a module ``bench_NAME.py`` with ``run(quick=...) -> dict`` and
-``print_result(result)``, and one line in :data:`BENCHMARKS`.
+Adding a benchmark: a module ``bench_NAME.py`` (a ``-`` in NAME is a ``_`` there) with
+``run(quick=...) -> dict`` and ``print_result(result)``, and one line in :data:`BENCHMARKS`.
 """
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ BENCHMARKS = {
     "roofline": "CPU decode step at batch 16/32, fp32 and bf16, against the core's matmul peak and memory roofline",
     "playback": "server time of one playback step of the Reserve-or-page page (2,048-slot pair of heatmaps)",
     "live": "the real-model Reserve-or-page pair in Chromium: Play to first frame, steps/s with 1 and 3 sessions",
+    "prefix-capacity": "Mooncake's conversation trace: prefix-cache hit rate against pool size, LRU and Belady, "
+                       "beside the ideal replay and the paper's Figure 9",
     "gpu": "CUDA: benchmarks/gpu_kernels.py and benchmarks/gpu_engine.py (skipped without a GPU)",
 }
 MODEL_BENCHMARKS = ("throughput", "overhead", "prefix", "roofline")  # share one loaded model
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                     skipped["gpu"] = why
                     print(f"skipped: {why}")
                 continue
-            module = importlib.import_module(f"benchmarks.bench_{name}")
+            module = importlib.import_module(f"benchmarks.bench_{name.replace('-', '_')}")
             kwargs = {"quick": args.quick}
             if name in MODEL_BENCHMARKS:
                 kwargs["llm"] = shared_llm.get()

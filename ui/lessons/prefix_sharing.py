@@ -319,10 +319,15 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
                       "prefix_b_computed", f"Predict: how many of B's {len(pb)} prompt tokens will the model compute?",
                       b_comp, f"B's first {b_skip // bs} block hashes match A's, so {b_skip} tokens come from the cache "
                       f"and only {b_comp} are computed: the block where the preamble meets B's own question, and the "
-                      f"question. First token after {tb:.2f} s instead of {ta:.2f} s.", tolerance=bs, unit="tokens"),
+                      f"question: {b_comp} tokens of work instead of A's {a_comp}. (Its first token came "
+                      f"after {tb:.2f} s of measured wall time, A's after {ta:.2f} s: a wall time also counts "
+                      "the other requests' work in the same step and the machine's load.)", tolerance=bs,
+                      unit="tokens"),
                   reveal={"step": 1, "focus": "B"}),
         GuideStep("B reuses A's blocks", f"B's block table points at A's physical blocks (ref count 2) for its first "
-                  f"{b_skip // bs} blocks: {b_comp} tokens computed, first token after {tb:.2f} s instead of {ta:.2f} s.",
+                  f"{b_skip // bs} blocks: {b_comp} tokens computed instead of {a_comp}. Measured wall time to its "
+                  f"first token: {tb:.2f} s, against {ta:.2f} s for A (a step's wall time also counts the other "
+                  "requests decoding in it and the machine's load).",
                   {"step": 1, "focus": "B", "figure": "prefill"}),
         GuideStep("Only whole blocks are shared", f"A and B agree on their first {preamble_common} tokens, but only "
                   f"{b_skip} = {b_skip // bs} × {bs} are shared: the last {preamble_common - b_skip} common tokens sit in a "

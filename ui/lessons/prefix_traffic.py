@@ -295,8 +295,9 @@ def capacity_figure(v: TrafficView, *, hide: bool = False, paper: bool = False) 
     else:
         fig.add_annotation(text="Answer the prediction above to see the curve.", x=0.5, y=0.5, xref="paper", yref="paper",
                            showarrow=False, font=dict(size=14, color="#6b7280"))
-    fig.update_xaxes(type="log", title_text="cache capacity (trace tokens; blocks of 512)",
-                     tickvals=xs, ticktext=[tokens_text(x) for x in xs])
+    hi = max(xs + ([t for t, _ in PAPER_FIGURE_9] if paper and not hide else []))
+    fig.update_xaxes(type="log", title_text="cache capacity (trace tokens; blocks of 512)", tickvals=xs,
+                     ticktext=[tokens_text(x) for x in xs], range=[math.log10(min(xs)) - 0.08, math.log10(hi) + 0.08])
     fig.update_yaxes(title_text="hit rate (prompt tokens)", tickformat=".0%", rangemode="tozero",
                      range=[0, max(0.45, c.unbounded * 1.25)])
     fig = _layout(fig, f"Hit rate against cache size ({v.window.label})", 380, legend=True,

@@ -48,6 +48,16 @@ MAX_DEFAULT_SLOTS = 1 << 18  # a profiled default pool stops here (snapshots cop
 DEFAULT_MEMORY_FRACTION = 0.9
 
 
+def check_max_tokens(max_tokens: int, max_model_len: int, what: str = "max_tokens") -> None:
+    """ConfigError (one line, with the bound) for an answer longer than the model's context:
+    no prompt (of at least one token) leaves room for it, and it would only run until the
+    context or the pool ran out. A prompt and an answer that merely overflow the context
+    together still run, and end at it (finish_reason "length"), as in the engine."""
+    if max_tokens >= max_model_len:
+        raise ConfigError(f"{what} must be below the model's context of {max_model_len:,} tokens "
+                          f"(max_model_len, prompt + answer), got {max_tokens:,}")
+
+
 @contextlib.contextmanager
 def _loading_output(quiet: bool):
     """transformers draws its own "Loading weights" bar on stderr; the loader reports its
@@ -295,8 +305,12 @@ class LLM:
         outputs that changed, the StepSnapshot, the engine's raw outputs). ``on_submit(engine)``
         is called once every request is queued, before the first step (a trace writer names
         the requests in its header there). The last step leaves a run summary in
-        ``self.last_summary``."""
+        ``self.last_summary``. A ``max_tokens`` the model's context cannot hold raises
+        ConfigError (:func:`check_max_tokens`) before the first step."""
         items = self._prepare(prompts, sampling_params, chat)
+        context = engine.max_model_len if engine is not None else min(self.config.max_model_len, self.runner.max_model_len)
+        for _text, _ids, sp in items:  # before any step: an answer the context cannot hold is refused
+            check_max_tokens(sp.max_tokens, context)
         engine = engine or self.new_engine()
         base = len(engine.requests)
         ids = []

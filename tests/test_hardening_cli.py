@@ -80,6 +80,7 @@ def files(tmp_path_factory) -> Path:
     write("prompts_nan.json", '[{"prompt": "hi", "max_tokens": NaN}]')
     write("prompts_dict.json", {"prompt": "hi"})
     write("prompts_long.json", ["x" * ((1 << 20) + 1)])
+    write("prompts_max_tokens.json", ["hi", {"prompt": "hi", "max_tokens": 10**9}])
     # A model that is only its config: enough to plan the pool, nothing to load.
     (d / "model").mkdir()
     write("model/config.json", SMOL_CONFIG)
@@ -180,6 +181,13 @@ BAD = [
     ("gen-top-p-0", [*GEN, "--top-p", "0"], "top_p must be in (0, 1]", {}),
     ("gen-n-32768", [*GEN, "--n", "32768"], "n must be >= 1 and <= 256, got 32,768", {}),
     ("gen-max-tokens-0", [*GEN, "--max-tokens", "0"], "max_tokens must be >= 1", {}),
+    ("gen-max-tokens-1e9", [*GEN_MODEL, "--max-tokens", str(10**9)], "--max-tokens must be below the model's context "
+     "of 8,192 tokens (max_model_len, prompt + answer), got 1,000,000,000", {}),
+    ("gen-max-tokens-context", [*GEN_MODEL, "--max-tokens", "8192"], "--max-tokens must be below the model's context "
+     "of 8,192 tokens", {}),
+    ("gen-prompts-max-tokens-1e9", ["generate", "--prompts-file", "{d}/prompts_max_tokens.json", "--model", "{d}/model",
+                                    "--device", "cpu"],
+     "prompts file item 1: max_tokens must be below the model's context of 8,192 tokens", {}),
     ("gen-seed-negative", [*GEN, "--seed", "-1"], "seed must be >= 0, got -1", {}),
     ("gen-device-tpu", [*GEN, "--device", "tpu"], "device must be one of auto, cpu, cuda, got 'tpu'", {}),
     ("gen-device-superscript", [*GEN, "--device", "cuda:\u00b2"], "device must be one of auto, cpu, cuda", {}),

@@ -218,6 +218,25 @@ def test_too_long_prompt_rejected_others_run(llm, prompt_ids):
     assert outs[1].reject_reason is None and len(outs[1].outputs[0].token_ids) >= 1
 
 
+def test_an_answer_longer_than_the_context_is_refused_at_once(llm, prompt_ids):
+    from pagedkv_core.config import ConfigError
+
+    before = llm.engine
+    assert llm.runner.max_model_len == 8192
+    with pytest.raises(ConfigError, match=r"^max_tokens must be below the model's context of 8,192 tokens "
+                                          r"\(max_model_len, prompt \+ answer\), got 1,000,000,000$"):
+        llm.generate([prompt_ids[0]], SamplingParams(max_tokens=10**9))
+    assert llm.engine is before  # refused before an engine was made or stepped
+    # An engine's own (smaller) context is the bound; a prompt and an answer that only overflow
+    # it together still run, and end at it.
+    short = llm.new_engine(max_model_len=64)
+    with pytest.raises(ConfigError, match=r"context of 64 tokens .*got 64$"):
+        llm.generate([prompt_ids[0]], SamplingParams(max_tokens=64, ignore_eos=True), engine=short)
+    out = llm.generate([prompt_ids[0]], SamplingParams(max_tokens=63, ignore_eos=True), engine=short)[0]
+    assert out.outputs[0].finish_reason == "length"
+    assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 64
+
+
 def test_pool_sized_from_memory_budget(llm):
     from pagedkv_core.llm import LLM
 

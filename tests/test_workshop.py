@@ -43,7 +43,8 @@ def test_workshop_flag(monkeypatch, value, on):
 
 
 def test_caps_default_only_in_workshop_mode(monkeypatch):
-    assert workshop.upload_cap_mb() is None and workshop.max_model_sessions() is None
+    assert workshop.upload_cap_mb() == workshop.UPLOAD_MB == 64  # a workload file's cap, not Streamlit's 200
+    assert workshop.max_model_sessions() is None
     monkeypatch.setenv(workshop.ENV_FLAG, "1")
     assert workshop.upload_cap_mb() == workshop.WORKSHOP_UPLOAD_MB
     assert workshop.max_model_sessions() == workshop.WORKSHOP_MODEL_SESSIONS == 4
@@ -70,7 +71,7 @@ def test_workshop_mode_lowers_the_session_budget_unless_one_is_set(monkeypatch):
 
 def test_upload_check_uses_the_reported_size(monkeypatch):
     upload = SimpleNamespace(name="big.jsonl", size=3 << 20)
-    workshop.check_upload(upload, "trace")  # no cap outside workshop mode
+    workshop.check_upload(upload, "trace")  # under the 64 MB cap outside workshop mode
     monkeypatch.setenv(workshop.ENV_MAX_UPLOAD_MB, "2")
     with pytest.raises(ConfigError, match=r"trace big\.jsonl has 3\.0 MiB, over this server's upload cap of 2 MB"):
         workshop.check_upload(upload, "trace")
@@ -107,11 +108,41 @@ def test_model_choices_are_the_bundled_model_and_the_folders_models(tmp_path, mo
 
 # ---------------------------------------------------------------------------- the launcher
 def test_launcher_caps_uploads_in_workshop_mode(monkeypatch):
-    assert serve.workshop_options([]) == []
+    assert serve.workshop_options([]) == [f"--server.maxUploadSize={workshop.UPLOAD_MB}"]
     monkeypatch.setenv(workshop.ENV_FLAG, "1")
     assert serve.workshop_options([]) == [f"--server.maxUploadSize={workshop.WORKSHOP_UPLOAD_MB}"]
     assert serve.workshop_options(["--server.maxUploadSize", "5"]) == []
     assert serve.workshop_options(["--server.maxUploadSize=5"]) == []
+
+
+# (mode, environment, the cap in MB): what every layer must state and keep.
+UPLOAD_CAPS = [
+    ("default", {}, 64),
+    ("workshop", {workshop.ENV_FLAG: "1"}, 16),
+    ("env", {workshop.ENV_MAX_UPLOAD_MB: "5"}, 5),
+    ("workshop-env", {workshop.ENV_FLAG: "1", workshop.ENV_MAX_UPLOAD_MB: "40"}, 40),
+]
+
+
+@pytest.mark.parametrize("env, cap", [c[1:] for c in UPLOAD_CAPS], ids=[c[0] for c in UPLOAD_CAPS])
+def test_every_upload_limit_states_ours(monkeypatch, env, cap):
+    """Streamlit's limit is ours: the launcher's --server.maxUploadSize, the config file's (the
+    default mode, for a plain ``streamlit run app.py``), each upload box's stated limit ("Limit
+    64MB per file") and our own check before parsing all say the same number."""
+    import tomllib
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert workshop.upload_cap_mb() == cap
+    assert serve.workshop_options([]) == [f"--server.maxUploadSize={cap}"]
+    if not env:
+        config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+        assert config["server"]["maxUploadSize"] == cap
+    at = open_page("pages/reserve_or_page.py")
+    assert [uploader(at, key).proto.max_upload_size_mb for key in ("workload_upload", "trace_upload")] == [cap, cap]
+    workshop.check_upload(SimpleNamespace(name="at-cap.json", size=cap << 20))
+    with pytest.raises(ConfigError, match=rf"over this server's upload cap of {cap} MB"):
+        workshop.check_upload(SimpleNamespace(name="over.json", size=(cap << 20) + 1), "workload file")
 
 
 def test_launcher_refuses_a_bad_environment_with_one_line(monkeypatch):

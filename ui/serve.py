@@ -1,10 +1,12 @@
 """Start the app: ``python -m ui.serve [streamlit options]`` = ``streamlit run app.py [options]``,
 minus Streamlit's legacy scan of the ``pages/`` folder (see :mod:`ui.streamlit_compat`).
 
-In workshop mode (``PAGEDKV_WORKSHOP=1``, which ``make app WORKSHOP=1`` sets; see
-:mod:`ui.workshop`) it also caps uploads at the server (``--server.maxUploadSize``, unless the
-command line gives one) and sets the smaller per-session memory budget, after checking the
-workshop's environment: a bad value stops it with one line and exit code 2, before Streamlit starts.
+It also caps uploads at the server (``--server.maxUploadSize``, unless the command line gives
+one) at the app's own cap (:func:`ui.workshop.upload_cap_mb`: 64 MB, 16 MB in workshop mode,
+or ``PAGEDKV_MAX_UPLOAD_MB``), so the upload box states the limit the app keeps. In workshop mode
+(``PAGEDKV_WORKSHOP=1``, which ``make app WORKSHOP=1`` sets; see :mod:`ui.workshop`) it sets the
+smaller per-session memory budget, after checking the workshop's environment: a bad value stops
+it with one line and exit code 2, before Streamlit starts.
 """
 import sys
 from pathlib import Path
@@ -13,9 +15,9 @@ from ui.streamlit_compat import use_navigation_only
 
 
 def workshop_options(argv: list[str]) -> list[str]:
-    """The Streamlit options the PAGEDKV_* environment adds to ``argv``: the upload cap (in
-    workshop mode, or when PAGEDKV_MAX_UPLOAD_MB is set), unless ``argv`` sets one. Applies the
-    workshop's memory default first. Raises ConfigError (one line) for a bad PAGEDKV_* value."""
+    """The Streamlit options the PAGEDKV_* environment adds to ``argv``: the upload cap, unless
+    ``argv`` sets one. Applies the workshop's memory default first. Raises ConfigError (one
+    line) for a bad PAGEDKV_* value."""
     from pagedkv_core.memory import session_budget
     from ui import workshop
 
@@ -23,7 +25,7 @@ def workshop_options(argv: list[str]) -> list[str]:
     workshop.apply_defaults()
     session_budget()
     cap = workshop.upload_cap_mb()
-    return [] if cap is None or _given(argv, "server.maxUploadSize") else [f"--server.maxUploadSize={cap}"]
+    return [] if _given(argv, "server.maxUploadSize") else [f"--server.maxUploadSize={cap}"]
 
 
 def _given(argv: list[str], option: str) -> bool:

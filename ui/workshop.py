@@ -8,10 +8,12 @@ default ``make app`` (one person, on 127.0.0.1) is unchanged. In workshop mode:
   ``config.json``). No free-form path: a visitor cannot probe the server's files ("not a .gguf
   file" for the shadow password file, "has no config.json" for root's home) or load whatever
   model lies on it.
-- **Uploads** are capped at ``PAGEDKV_MAX_UPLOAD_MB`` (default :data:`WORKSHOP_UPLOAD_MB`):
-  Streamlit's ``server.maxUploadSize`` (set by the launcher, :mod:`ui.serve`, and enforced by
-  the server on the upload request itself), the uploader's own cap (shown in the browser), and
-  our own check of the file's size before it is parsed (:func:`check_upload`).
+- **Uploads** are capped at ``PAGEDKV_MAX_UPLOAD_MB`` (default :data:`WORKSHOP_UPLOAD_MB`;
+  outside workshop mode :data:`UPLOAD_MB`, a workload file's own cap, rather than Streamlit's 200):
+  Streamlit's ``server.maxUploadSize`` (set by the launcher, :mod:`ui.serve`, and in
+  ``.streamlit/config.toml``, and enforced by the server on the upload request itself), the
+  uploader's own cap (shown in the browser), and our own check of the file's size before it is
+  parsed (:func:`check_upload`).
 - **Memory per session**: ``PAGEDKV_SESSION_BUDGET`` defaults to :data:`WORKSHOP_SESSION_BUDGET`
   instead of a share of the machine (:func:`apply_defaults`).
 - **Live real-model sessions** at once: at most ``PAGEDKV_MAX_MODEL_SESSIONS`` (default
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from pagedkv_core.config import ConfigError
 from pagedkv_core.kv_math import format_bytes
+from pagedkv_core.workloads import MAX_WORKLOAD_FILE_BYTES
 
 ENV_FLAG = "PAGEDKV_WORKSHOP"
 ENV_MODEL_DIR = "PAGEDKV_MODEL_DIR"
@@ -40,6 +43,7 @@ ENV_MAX_MODEL_SESSIONS = "PAGEDKV_MAX_MODEL_SESSIONS"
 ENV_SESSION_BUDGET = "PAGEDKV_SESSION_BUDGET"
 
 WORKSHOP_UPLOAD_MB = 16  # a workload file or a trace of a few thousand steps; Streamlit's default is 200
+UPLOAD_MB = MAX_WORKLOAD_FILE_BYTES >> 20  # 64: outside workshop mode, what the workload reader takes
 WORKSHOP_SESSION_BUDGET = "512MiB"  # two live SmolLM2 pools at the default 2,048 slots take 283 MB
 WORKSHOP_MODEL_SESSIONS = 4  # live SmolLM2 sessions stepping at once on a small server's cores
 BUNDLED_LABEL = "SmolLM2-135M-Instruct (bundled)"
@@ -62,18 +66,18 @@ def _positive_int_env(name: str, default: int | None) -> int | None:
     return int(text)
 
 
-def upload_cap_mb() -> int | None:
+def upload_cap_mb() -> int:
     """The upload cap in MB (Streamlit's unit, 2**20 bytes): ``PAGEDKV_MAX_UPLOAD_MB``, else
-    :data:`WORKSHOP_UPLOAD_MB` in workshop mode, else None (Streamlit's own ``server.maxUploadSize``
-    and the file-size limits of the workload and trace readers)."""
-    return _positive_int_env(ENV_MAX_UPLOAD_MB, WORKSHOP_UPLOAD_MB if enabled() else None)
+    :data:`WORKSHOP_UPLOAD_MB` in workshop mode, else :data:`UPLOAD_MB` (the workload reader's
+    64 MiB; Streamlit's own default of 200 would promise files the app then refuses)."""
+    return _positive_int_env(ENV_MAX_UPLOAD_MB, WORKSHOP_UPLOAD_MB if enabled() else UPLOAD_MB)
 
 
 def check_upload(upload, what: str = "upload") -> None:
     """ConfigError (one line, with the numbers) when the uploaded file is over the upload cap:
     checked on the size Streamlit reports, before its bytes are read or parsed."""
     cap = upload_cap_mb()
-    if cap is not None and int(upload.size) > cap << 20:
+    if int(upload.size) > cap << 20:
         raise ConfigError(f"{what} {upload.name} has {format_bytes(int(upload.size))}, over this server's upload cap "
                           f"of {cap} MB ({ENV_MAX_UPLOAD_MB})")
 

@@ -22,8 +22,9 @@ import sys
 
 from ..config import ConfigError
 from ..llm import DEFAULT_CPU_SLOTS, DEFAULT_MEMORY_FRACTION, HOST_SWAP_BUDGET  # no torch: the model loads in LLM()
+from ..llm import check_max_tokens
 from ..memory import parse_size
-from ..pool_plan import preflight
+from ..pool_plan import model_kv_shape, preflight
 from ..safe_io import check_writable, loads_json, read_text_capped
 from ..sampling import SamplingParams
 from ..trace_prompts import trace_requests
@@ -167,6 +168,16 @@ def _trace_rows(args) -> list:
     return rows
 
 
+def _check_context(model, items, params) -> None:
+    """An answer longer than the model's context is refused before the model loads, where its
+    ``config.json`` can be read (before a GGUF's first conversion, LLM refuses it once loaded)."""
+    shape = model_kv_shape(model)
+    context = shape.max_position_embeddings if shape is not None else None
+    if context:
+        for i, ((_, mt), sp) in enumerate(zip(items, params)):
+            check_max_tokens(sp.max_tokens, context, "--max-tokens" if mt is None else f"prompts file item {i}: max_tokens")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from ..model.loader import ModelLoadError  # no torch
 
@@ -185,6 +196,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             items = [(p, None) for p in args.prompt] if args.prompt is not None else load_prompts(args.prompts_file)
             params = [_sampling(args, mt) for _, mt in items]
+            _check_context(args.model, items, params)
         from ..llm import LLM  # torch and the weights, only now
 
         llm = LLM(**model, quiet=args.json or not sys.stderr.isatty(), **engine_settings(args), **sizing)

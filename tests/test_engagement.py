@@ -157,7 +157,7 @@ def test_steps_per_tick_follows_the_wall_clock():
 
 def test_speed_control_advances_more_than_one_step_per_tick():
     at = open_page("pages/reserve_or_page.py")
-    at.slider(key="rop_speed").set_value(50).run()
+    at.select_slider(key="rop_speed").set_value(50).run()
     at.button(key="rop_play").click().run()
     assert not at.exception
     before = at.slider(key="rop_step").value

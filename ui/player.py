@@ -4,9 +4,24 @@ by ``st.fragment(run_every=...)``.
 
 Speed. A redraw of a page with two heatmaps takes a good part of a second in a browser, so
 playing at 50 steps per second cannot draw every step. The fragment ticks at most
-``1 / MIN_INTERVAL_S`` times a second, and each tick advances as many steps as the wall time since
-the last tick is worth at the chosen speed (:func:`steps_per_tick`): the run moves at the speed
-asked for and the frames that drawing cannot keep up with are skipped.
+``1 / MIN_INTERVAL_S`` times a second, and each new frame advances as many steps as the wall time
+since the last one is worth at the chosen speed (:func:`steps_per_tick`): the frames that drawing
+cannot keep up with are skipped. The rate the page really achieves is shown under the step slider
+(:func:`achieved_rate`), with a note when the machine, not the control, sets it.
+
+Frames in flight: one. The browser's timer asks for a tick every interval whether or not it has
+drawn the last frame, and every request carries the step slider where the browser last drew it.
+A tick advances only when that is the frame sent last; otherwise it draws the same frame again
+and waits (:func:`tick`). A busy browser or server therefore slows the playback down instead of
+falling behind it: what is on the screen is never more than one frame behind the server, so
+Pause stops at the step on the screen (the slider's value that the press carries), and no queue of
+frames builds up in the websocket (one that grew past Streamlit's send queue cost the session
+its connection, and a classroom's sessions their state).
+
+One press, one toggle. A press of a button outside the fragment is sent by Streamlit as a full
+rerun; a fragment timer that fires between the click and that send carries the same press in a
+fragment rerun too, so a callback that acted on both would undo the press (Pause, then Play again
+at once). The player's callbacks act in full reruns only (:func:`_outside_fragment`).
 """
 from __future__ import annotations
 
@@ -19,15 +34,34 @@ from ui import export, run_events
 SPEEDS = (1, 50)  # steps per second, the control's range
 DEFAULT_SPEED = 10
 MIN_INTERVAL_S = 0.2  # at most five redraws a second
-MAX_CATCH_UP_S = 1.0  # a late tick (a busy machine, a paused tab) advances at most a second's worth
-# Positions a playing player remembers having drawn. A browser that is slower than the ticks sends
-# the next fragment rerun before it has drawn the last one, with the slider at a position drawn
-# earlier: that is an echo to play on from, not the student dragging the slider back.
-RECENT_DRAWN = 8
+MAX_CATCH_UP_S = 1.0  # a late frame (a busy machine, a paused tab) advances at most a second's worth
+# Frames a playing player remembers having sent. A request that carries one of them (not the last)
+# comes from a browser still drawing: an echo, not the student dragging the slider there.
+RECENT_DRAWN = 4
+RATE_WINDOW_S = 3.0  # the achieved rate is measured over the frames of the last few seconds
+MACHINE_BOUND = 0.8  # below this share of the speed asked for, the rate is the machine's
 
 
 def _state(key: str) -> dict:
     return st.session_state.setdefault(f"_player_{key}", {"playing": False})
+
+
+def _outside_fragment(callback):
+    """``callback`` for a button drawn outside the page's fragment, acting in full reruns only.
+
+    Streamlit sends a click as a full rerun a moment after the click (a zero-delay timer). A
+    fragment's ``run_every`` timer that fires first sends every widget state, the pending click
+    included, as a fragment rerun. The click then reaches the callbacks twice: Play/Pause would
+    toggle twice (the press lost), Step would step twice. A click on a button outside the fragment
+    always comes with a full rerun, so the copy in a fragment rerun is the duplicate."""
+    def guarded(*args, **kwargs):
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        ctx = get_script_run_ctx()
+        if ctx is not None and ctx.fragment_ids_this_run:
+            return
+        callback(*args, **kwargs)
+    return guarded
 
 
 def parse_speed(text: str) -> int:
@@ -52,6 +86,12 @@ def speed(key: str) -> int:
     return int(st.session_state.get(f"{key}_speed", DEFAULT_SPEED))
 
 
+def rate_label(steps_per_s: float) -> str:
+    """``1 step/s``, ``10 steps/s``, ``2.1 steps/s``."""
+    text = f"{steps_per_s:g}" if float(steps_per_s).is_integer() else f"{steps_per_s:.1f}"
+    return f"{text} step/s" if text == "1" else f"{text} steps/s"
+
+
 def tick_interval(steps_per_s: float) -> float:
     """Seconds between ticks at ``steps_per_s``: one step per tick while that is slow enough to
     draw, else MIN_INTERVAL_S."""
@@ -59,10 +99,15 @@ def tick_interval(steps_per_s: float) -> float:
 
 
 def steps_per_tick(steps_per_s: float, elapsed_s: float) -> int:
-    """Steps one tick advances: the wall time since the last tick (at least one interval, at most
-    MAX_CATCH_UP_S) times the speed, and at least one."""
+    """Steps one frame advances: the wall time since the last frame (at least one interval, at
+    most MAX_CATCH_UP_S) times the speed, and at least one."""
     elapsed = min(max(elapsed_s, tick_interval(steps_per_s)), MAX_CATCH_UP_S)
     return max(1, round(steps_per_s * elapsed))
+
+
+def _begin(state: dict, shown: int) -> None:
+    """Start playing from ``shown``, the step on the screen: it counts as the frame last sent."""
+    state.update(playing=True, tick_time=time.monotonic(), ticked_at=shown, drawn=[shown], frames=[], paused_at=None)
 
 
 def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> None:
@@ -73,6 +118,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
     st.session_state.setdefault(step_key, 0)
     last = max(0, num_steps - 1)
 
+    @_outside_fragment
     def move(delta=None, to=None):
         cur = int(st.session_state.get(step_key, 0))
         target = to if to is not None else cur + delta
@@ -80,13 +126,21 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
         # asks for the next step, and the tick clamps it to what the run has recorded by then.
         top = target if can_grow and delta == 1 else last
         st.session_state[step_key] = max(0, min(top, target))
+        if state["playing"]:  # playing goes on from the step moved to
+            _begin(state, st.session_state[step_key])
         if delta == 1:
             state["advance"] = True
 
+    @_outside_fragment
     def toggle():
-        state["playing"] = not state["playing"]
-        state["tick_time"] = time.monotonic()
+        # The press carries the step slider as the browser drew it: the step on the screen.
+        shown = int(st.session_state.get(step_key, 0))
+        if state["playing"]:
+            state.update(playing=False, paused_at=shown)
+        else:
+            _begin(state, shown)
 
+    @_outside_fragment
     def jump():
         kind = st.session_state.get(f"{key}_event_kind", next(iter(run_events.SHORT_NAMES.values())))
         cur = int(st.session_state.get(step_key, 0))
@@ -96,6 +150,8 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
         else:
             st.session_state[step_key] = target
             state["note"] = None
+            if state["playing"]:
+                _begin(state, target)
 
     with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
         st.button("Reset", icon=":material/first_page:", key=f"{key}_reset", on_click=move, kwargs={"to": 0})
@@ -104,9 +160,12 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
                   icon=":material/pause:" if state["playing"] else ":material/play_arrow:",
                   key=f"{key}_play", on_click=toggle, type="primary", width=110)
         st.button("Step", icon=":material/chevron_right:", key=f"{key}_fwd", on_click=move, kwargs={"delta": 1})
-        st.slider("Speed", SPEEDS[0], SPEEDS[1], _first_speed(), key=f"{key}_speed", format="%d steps/s", width=160,
-                  help="How fast Play moves through the run, in steps per second. Above about 5 steps per second the "
-                       "page cannot redraw every step, so it skips the ones it has no time to draw and keeps the speed.")
+        st.select_slider("Speed", list(range(SPEEDS[0], SPEEDS[1] + 1)), _first_speed(), key=f"{key}_speed",
+                         format_func=rate_label, width=160,
+                         help="How fast Play moves through the run, in steps per second. Above about 5 steps per "
+                              "second the page cannot redraw every step, so it skips the ones it has no time to "
+                              "draw. A machine that cannot keep up plays slower than asked: the rate achieved is "
+                              "shown under the step slider.")
         if runs:  # a group of its own, so that on a narrow screen the two wrap together
             with st.container(horizontal=True, vertical_alignment="bottom", gap="small", width="content"):
                 st.selectbox("Jump to the next", list(run_events.SHORT_NAMES.values()), key=f"{key}_event_kind",
@@ -122,14 +181,12 @@ def is_playing(key: str) -> bool:
 
 
 def stop(key: str) -> None:
-    _state(key)["playing"] = False
+    _state(key).update(playing=False, paused_at=None)
 
 
 def start(key: str) -> None:
     """Start playing (e.g. right after a page submitted new work to a live run)."""
-    state = _state(key)
-    state["playing"] = True
-    state["tick_time"] = time.monotonic()
+    _begin(_state(key), int(st.session_state.get(f"{key}_step", 0)))
 
 
 def interval(key: str):
@@ -138,48 +195,92 @@ def interval(key: str):
 
 
 def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
-    """Called at the top of the fragment: while playing, advance :func:`steps_per_tick` steps
-    (unless the student moved the slider since the last tick), clamp, and return the step to
-    show. Stops playing at the end of a finished run.
+    """Called at the top of the fragment: the step to draw. Stops playing at the end of a
+    finished run.
 
-    While playing, a slider at one of the last :data:`RECENT_DRAWN` positions drawn is a lagging
-    browser's echo: play goes on from the latest position, so that a busy server or browser slows
-    the playback down instead of stalling it (taken for drags, the echoes would hold it in place)."""
+    The step slider in session state is where the browser last drew it (or where the student
+    dragged it). While playing: at the frame sent last, advance :func:`steps_per_tick` steps; at
+    an earlier frame sent (one of the last :data:`RECENT_DRAWN`), the browser is still drawing:
+    send the last frame again; anywhere else, the student dragged it: play on from there. After
+    Pause, a request carrying a frame that was sent ahead of the paused step (a tick already on
+    its way when Pause took effect) does not move it; any other value is the student's."""
     step_key = f"{key}_step"
     state = _state(key)
-    cur = int(st.session_state.get(step_key, 0))
+    shown = int(st.session_state.get(step_key, 0))
     drawn = state.setdefault("drawn", [])
+    cur = shown
     if state["playing"]:
         now = time.monotonic()
-        if state.get("ticked_at") == cur or cur in drawn:
-            cur = int(state.get("ticked_at", cur)) + steps_per_tick(speed(key), now - state.get("tick_time", now))
-        state["tick_time"] = now
+        sent = state.get("ticked_at")
+        if sent is None or shown == sent:
+            cur = shown + steps_per_tick(speed(key), now - state.get("tick_time", now))
+            state["tick_time"] = now
+        elif shown in drawn:
+            cur = int(sent)
+        else:  # a drag while playing: play on from there
+            state["tick_time"] = now
+    elif state.get("paused_at") is not None:
+        # Requests sent before the browser drew the paused step carry a frame that was on its way
+        # (sent ahead of the screen): the step stays where Pause put it.
+        if shown in drawn and shown > state["paused_at"]:
+            cur = int(state["paused_at"])
+        elif shown != state["paused_at"]:  # the student moved the slider
+            state["paused_at"] = None
+            drawn.clear()
     last = max(0, num_steps - 1)
     if cur > last:
         cur = last
         if not can_grow and state["playing"]:
-            state["playing"] = False
+            state.update(playing=False, paused_at=None)
+            drawn.clear()
             st.session_state[step_key] = cur
             st.rerun()  # full rerun: the Play button turns back into Play and the timer stops
     st.session_state[step_key] = cur
-    state["ticked_at"] = cur
-    if state["playing"]:
+    if state["playing"] and cur != state.get("ticked_at"):
         drawn.append(cur)
         del drawn[:-RECENT_DRAWN]
-    else:
-        drawn.clear()  # paused: any position the slider holds is the student's
+        frames = state.setdefault("frames", [])
+        frames.append((time.monotonic(), cur))
+        horizon = frames[-1][0] - RATE_WINDOW_S
+        while len(frames) > 2 and frames[1][0] <= horizon:
+            frames.pop(0)
+    state["ticked_at"] = cur
     return cur
 
 
+def achieved_rate(key: str) -> float | None:
+    """Steps per second that playing has really moved over its last frames (None before two)."""
+    frames = _state(key).get("frames") or []
+    if len(frames) < 2 or frames[-1][0] <= frames[0][0]:
+        return None
+    return (frames[-1][1] - frames[0][1]) / (frames[-1][0] - frames[0][0])
+
+
+def rate_text(key: str) -> str:
+    """The line under the step slider: the rate achieved while playing (and whether the machine
+    sets it), else how Play moves."""
+    asked = speed(key)
+    if not is_playing(key):
+        return f"Paused. Play moves at up to {rate_label(asked)}; Pause stops at the step on the screen."
+    rate = achieved_rate(key)
+    if rate is None:
+        return f"Playing at up to {rate_label(asked)}."
+    text = f"Playing at {rate_label(round(rate, 1))}"
+    if rate < MACHINE_BOUND * asked:
+        return text + f" (machine-bound: this machine draws no faster; Speed asks for {rate_label(asked)})."
+    return text + "."
+
+
 def slider(key: str, num_steps: int, runs=None) -> int:
-    """The scrub slider (inside the fragment, so it follows playback) and, given ``runs``, the
-    event strip under it."""
+    """The scrub slider (inside the fragment, so it follows playback), the rate playing achieves,
+    and, given ``runs``, the event strip under them."""
     step_key = f"{key}_step"
     if num_steps <= 1:
         st.caption("Step 0 of 0")
         value = 0
     else:
         value = st.slider("Step", 0, num_steps - 1, key=step_key, help="Drag to any step of the run.")
+    st.caption(rate_text(key))
     if runs:
         fig = run_events.event_strip(runs, num_steps, value)
         st.plotly_chart(fig, width="stretch", key=f"{key}_events", config=export.png_config(f"{key}-events"))

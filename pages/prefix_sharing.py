@@ -9,8 +9,8 @@ from ui.models import token_text_lookup
 from ui.timed_runs import cached
 
 guided = guide.mode(lesson.KEY, title="Prefix sharing and copy-on-write")
-if not presenter.on(lesson.KEY):
-    st.markdown(
+if not presenter.on(lesson.KEY):  # the prose folded away: the figures start higher on a 1280 x 720 screen
+    st.expander("About this lesson", icon=":material/info:").markdown(
         "Four requests to a library help desk start with the **same long system prompt** (its length in tokens "
         "is measured below). "
         "**A** arrives first and pays for all of it. **B** follows with the same preamble: the engine finds "

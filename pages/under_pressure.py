@@ -7,8 +7,8 @@ from ui.lessons import under_pressure as lesson
 from ui.models import token_text_lookup
 
 guided = guide.mode(lesson.KEY, title="Under pressure: swap versus recompute")
-if not presenter.on(lesson.KEY):
-    st.markdown(
+if not presenter.on(lesson.KEY):  # the prose folded away: the figures start higher on a 1280 x 720 screen
+    st.expander("About this lesson", icon=":material/info:").markdown(
         f"A load spike on a small KV pool, run **twice** on SmolLM2 with the same requests and greedy decoding: "
         f"{lesson.PRESSURE_FIRST} requests start at step 0 and {len(lesson.PRESSURE_QUESTIONS) - lesson.PRESSURE_FIRST} "
         f"more arrive together at step {lesson.PRESSURE_SPIKE_STEP}, each answering up to {lesson.PRESSURE_MAX_TOKENS} "

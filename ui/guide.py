@@ -85,6 +85,7 @@ def nav(key: str, steps: list[GuideStep]) -> GuideStep:
         st.session_state[step_key] = max(0, min(len(steps) - 1, int(st.session_state.get(step_key, 0)) + delta))
 
     presenting = presenter.on(key)
+    presenter.fit(steps[i].predict is not None)  # a slide that asks keeps its figure above the fold
     c = st.columns([1.2, 1.2, 6] if not presenting else [1.3, 1.3, 6])
     c[0].button("Previous", icon=":material/chevron_left:", key=f"{key}_guide_prev", on_click=go, args=(-1,),
                 disabled=i == 0, width="stretch", shortcut=presenter.PREVIOUS_KEY if presenting else None)

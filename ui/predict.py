@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from ui import presenter
+
 PREFIX = "Predict:"
+SLIDE_WHY_CHARS = 260  # in presenter mode a longer why is folded into an expander under the answer
 _RECORD = "_predictions"  # session_state: widget key -> (guess, right?) of the first answer
 
 
@@ -115,10 +118,15 @@ def ask(p: Prediction, scope: str) -> bool | None:
         first, right = rec[key]
         said = first if p.is_choice else number_text(first)
         st.markdown(f"{p.question} You said **{said}**.")
+        # On a slide a long why would push the figure off the screen: it waits in an expander.
+        folded = presenter.on(scope) and len(p.why) > SLIDE_WHY_CHARS
+        why = "" if folded else f" {p.why}"
         if right:
-            st.success(f"**Right.** {p.source}: **{p.answer_text()}**. {p.why}", icon=":material/check_circle:")
+            st.success(f"**Right.** {p.source}: **{p.answer_text()}**.{why}", icon=":material/check_circle:")
         else:
-            st.warning(f"**Not quite.** {p.source}: **{p.answer_text()}**. {p.why}", icon=":material/lightbulb:")
+            st.warning(f"**Not quite.** {p.source}: **{p.answer_text()}**.{why}", icon=":material/lightbulb:")
+        if folded:
+            st.expander("Why", icon=":material/help:").markdown(p.why)
         return right
     if p.is_choice:
         st.radio(p.question, p.options, index=None, key=key, horizontal=sum(len(o) for o in p.options) < 110)

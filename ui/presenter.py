@@ -21,6 +21,10 @@ from ui import export
 PARAM = "present"
 NEXT_KEY, PREVIOUS_KEY = "Right", "Left"  # arrow keys; a clicker's PageDown/PageUp also scroll the slide
 SLIDE_HEIGHT = 380  # px: fits under the title, buttons and a two-line narration at 1280 x 720
+# A slide that asks a prediction also holds the question and, once answered, the measured answer:
+# its figure is shorter, so that it still ends above the fold at 1280 x 720.
+PREDICTION_SLIDE_HEIGHT = 290
+_HEIGHT_KEY = "_presenter_slide_height"
 SLIDE_FONT = 17
 
 # Large type and no chrome. Selectors are Streamlit 1.67's data-testids (checked by screenshot).
@@ -96,8 +100,21 @@ def enlarge(fig: go.Figure, height: int = SLIDE_HEIGHT) -> go.Figure:
     return fig
 
 
-def slide(fig: go.Figure, key: str, caption: str | None = None, *, height: int = SLIDE_HEIGHT) -> None:
-    """Draw a slide's one figure (and an optional one-line caption under it)."""
+def fit(asks_prediction: bool) -> None:
+    """Called by the guide for each step: the figure height that keeps this slide on the screen."""
+    st.session_state[_HEIGHT_KEY] = PREDICTION_SLIDE_HEIGHT if asks_prediction else SLIDE_HEIGHT
+
+
+def slide_height(at_most: int | None = None) -> int:
+    """The height for this slide's figure (:func:`fit`), at most ``at_most``."""
+    height = int(st.session_state.get(_HEIGHT_KEY, SLIDE_HEIGHT))
+    return height if at_most is None else min(height, at_most)
+
+
+def slide(fig: go.Figure, key: str, caption: str | None = None, *, height: int | None = None) -> None:
+    """Draw a slide's one figure (and an optional one-line caption under it). ``height``: at most
+    this (default: what :func:`fit` allows for the step)."""
+    height = slide_height(height)
     st.plotly_chart(enlarge(fig, height), width="stretch", key=f"{key}_slide", config=export.png_config(f"{key}-slide"))
     if caption:
         st.caption(caption)

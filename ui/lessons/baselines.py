@@ -100,10 +100,11 @@ def waste_figure(runs: list[Run]) -> go.Figure:
                              marker_color=CLASS_COLORS[c], text=[f"{v:.0%}" if v >= 0.04 else "" for v in shares],
                              textposition="inside", insidetextanchor="middle",
                              hovertemplate=f"%{{y}}: {CLASS_WORDS[c]}: %{{x:.1%}} of the pool<extra></extra>"))
-    fig.update_layout(barmode="stack", height=300, margin=dict(l=110, r=10, t=40, b=40),
+    fig.update_layout(barmode="stack", height=320, margin=dict(l=110, r=10, t=64, b=30),
                       title=dict(text="Where the pool goes: each class's share of the slots, measured, mean over the run",
-                                 x=0.0, font=dict(size=15)),
-                      legend=dict(orientation="h", y=-0.15, x=0.0, traceorder="normal"), plot_bgcolor="white")
+                                 x=0.0, font=dict(size=15)),  # the legend under the title: on a slide it stays in view
+                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0.0, traceorder="normal"),
+                      plot_bgcolor="white")
     fig.update_xaxes(range=[0, 1], tickformat=".0%", title_text=None)
     fig.update_yaxes(autorange="reversed")
     return fig
@@ -122,10 +123,10 @@ def token_share_figure(runs: list[Run]) -> go.Figure:
                text=[f"{PAPER_TOKEN_SHARE[r.allocator]:.1%}" for r in runs], textposition="outside",
                hovertemplate="%{y}, the paper: %{x:.1%}<extra></extra>"),
     ])
-    fig.update_layout(barmode="group", height=300, margin=dict(l=110, r=10, t=40, b=40), plot_bgcolor="white",
+    fig.update_layout(barmode="group", height=320, margin=dict(l=110, r=10, t=64, b=30), plot_bgcolor="white",
                       title=dict(text="Token share: the slots in use that hold a token, measured here and in the paper",
                                  x=0.0, font=dict(size=15)),
-                      legend=dict(orientation="h", y=-0.15, x=0.0, traceorder="normal"))
+                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0.0, traceorder="normal"))
     fig.update_xaxes(range=[0, 1.12], tickformat=".0%", title_text=None)
     fig.update_yaxes(autorange="reversed")
     return fig
@@ -229,6 +230,7 @@ def running_figure(runs: list[Run], step: int | None = None) -> go.Figure:
     return fig
 
 
+CHART_SLIDE_HEIGHT = 320  # px
 RUN_COLORS = ("#c2410c", "#f59e0b", "#7c3aed", "#1d4ed8")  # Orca Max, Pow2, Oracle, paged
 
 
@@ -331,8 +333,8 @@ def slide(runs: list[Run], show: dict) -> None:
     fig = step_figure(runs, show)
     if fig is None:
         presenter.slide(pools_figure(runs, int(show["step"])), KEY, LEGEND)
-    else:
-        presenter.slide(fig, KEY)
+    else:  # a bar chart needs less height than the pools: it stays above the fold under a revealed answer
+        presenter.slide(fig, KEY, height=CHART_SLIDE_HEIGHT)
 
 
 def show_guide(runs: list[Run], workload: Workload) -> None:
@@ -359,6 +361,7 @@ def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool)
                      help="One step for the four runs; a run that has finished stays at its last step. The page opens "
                           "where paging runs the most requests at once.")
     if presenter.on(KEY):  # free play on a projector: the four pools in one figure
+        presenter.fit(False)
         presenter.slide(pools_figure(runs, step), KEY, LEGEND)
     else:
         pools(runs, step)

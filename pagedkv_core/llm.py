@@ -250,16 +250,20 @@ class LLM:
             if chat:
                 if not getattr(self.tokenizer, "chat_template", None):
                     raise ConfigError("this model's tokenizer has no chat template: drop --chat")
-                enc = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True
-                )
-                ids = enc if isinstance(enc, list) else enc["input_ids"]
-            else:
-                ids = self.tokenizer(prompt)["input_ids"]
-            return [int(t) for t in ids]
+                return self.encode_chat([{"role": "user", "content": prompt}])
+            return [int(t) for t in self.tokenizer(prompt)["input_ids"]]
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
         raise ConfigError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation (``[{"role", "content"}, ...]``) in the model's chat
+        template with the generation prompt, as vLLM's chat endpoint renders it."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError("this model's tokenizer has no chat template: it cannot render chat messages")
+        enc = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+        ids = enc if isinstance(enc, list) else enc["input_ids"]
+        return [int(t) for t in ids]
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -300,24 +304,31 @@ class LLM:
         use_tqdm: bool = False,
         engine: Engine | None = None,
         on_submit: Callable[[Engine], None] | None = None,
+        sequential: bool = False,
     ) -> Iterator[tuple[list[RequestOutput], object, list]]:
         """Step a fresh engine (or ``engine``) through ``prompts``; yields, per step, (request
         outputs that changed, the StepSnapshot, the engine's raw outputs). ``on_submit(engine)``
         is called once every request is queued, before the first step (a trace writer names
-        the requests in its header there). The last step leaves a run summary in
-        ``self.last_summary``. A ``max_tokens`` the model's context cannot hold raises
-        ConfigError (:func:`check_max_tokens`) before the first step."""
+        the requests in its header there). ``sequential``: each request is queued only when
+        the previous one has finished, as a chat client sends them (``on_submit`` then sees
+        the first one). The last step leaves a run summary in ``self.last_summary``. A
+        ``max_tokens`` the model's context cannot hold raises ConfigError
+        (:func:`check_max_tokens`) before the first step."""
         items = self._prepare(prompts, sampling_params, chat)
         context = engine.max_model_len if engine is not None else min(self.config.max_model_len, self.runner.max_model_len)
         for _text, _ids, sp in items:  # before any step: an answer the context cannot hold is refused
             check_max_tokens(sp.max_tokens, context)
         engine = engine or self.new_engine()
         base = len(engine.requests)
-        ids = []
-        for i, (text, ids_, sp) in enumerate(items):
-            rid = str(base + i)
-            engine.add_request(rid, ids_, sp)
-            ids.append(rid)
+        ids = [str(base + i) for i in range(len(items))]
+        later = list(zip(ids, items))[::-1]  # not queued yet, the next one last
+
+        def feed() -> None:
+            while later and not (sequential and engine.has_unfinished()):
+                rid, (_text, ids_, sp) = later.pop()
+                engine.add_request(rid, ids_, sp)
+
+        feed()
         if on_submit is not None:
             on_submit(engine)
         prompts_by_id = {rid: item[0] for rid, item in zip(ids, items)}
@@ -343,6 +354,7 @@ class LLM:
             if on_step is not None:
                 on_step(outs, snap)
             yield outs, snap, raw
+            feed()
         if bar is not None:
             bar.close()
         elapsed = (t_last - t_first) if t_first is not None else 0.0
@@ -371,17 +383,18 @@ class LLM:
         *,
         engine: Engine | None = None,
         on_submit: Callable[[Engine], None] | None = None,
+        sequential: bool = False,
     ) -> list[RequestOutput]:
         """Run ``prompts`` (strings, token-id lists, or one of either) to completion and return
         one :class:`RequestOutput` per prompt, in order. ``chat`` wraps text prompts in the chat
         template. ``on_step(request_outputs, snapshot)`` sees every step (an output's ``text`` is
         filled in once its request finishes; :meth:`stream` gives partial text). Prompts that cannot run
         (too long for the model or the pool) come back with ``reject_reason`` set, the others run.
-        ``engine`` and ``on_submit``: as for :meth:`run`."""
+        ``engine``, ``on_submit`` and ``sequential``: as for :meth:`run`."""
         final: dict[str, RequestOutput] = {}
         order: list[str] = []
         for outs, _snap, _raw in self.run(prompts, sampling_params, chat, on_step=on_step, use_tqdm=use_tqdm,
-                                          engine=engine, on_submit=on_submit):
+                                          engine=engine, on_submit=on_submit, sequential=sequential):
             for o in outs:
                 if o.finished:
                     final[o.request_id] = o

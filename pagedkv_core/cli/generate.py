@@ -3,10 +3,15 @@
     python -m pagedkv_core generate --prompt "What is the capital of France?" --chat --max-tokens 32
     python -m pagedkv_core generate --prompts-file prompts.json --allocator contiguous --json
 
-The prompts file is a JSON list of strings or of ``{"prompt": str, "max_tokens": int}`` objects.
-With ``--json`` stdout is one object ``{"outputs": [...], "summary": {...}}``. Bad input exits
-with code 2 and one line on stderr; a prompt too long for the model or the pool is reported as
-rejected (with the reason) while the others run.
+The prompts file is a JSON list of strings, of ``{"prompt": str, "max_tokens": int}`` objects, or of
+OpenAI-style chat items ``{"messages": [{"role": str, "content": str}, ...], "max_tokens": int}``,
+which always go through the model's chat template with the generation prompt (as vLLM's chat
+endpoint renders them), ``--chat`` or not. ``--sequential`` queues each request only when the previous
+one has finished, as a chat client sends them. With ``--json`` stdout is one object
+``{"outputs": [...], "summary": {...}}``; each output carries ``cached_tokens``, its prompt tokens
+served from the prefix cache at its first admission (vLLM's ``prompt_tokens_details.cached_tokens``).
+Bad input exits with code 2 and one line on stderr; a prompt too long for the model or the pool is
+reported as rejected (with the reason) while the others run.
 
 Every setting is checked before torch or the model loads (:func:`pagedkv_core.pool_plan.preflight`),
 the KV pools included: a pool that would not fit the memory budget (``PAGEDKV_MEMORY_BUDGET``,
@@ -21,6 +26,7 @@ import json
 import sys
 
 from ..config import ConfigError
+from ..events import ADMIT
 from ..llm import DEFAULT_CPU_SLOTS, DEFAULT_MEMORY_FRACTION, HOST_SWAP_BUDGET  # no torch: the model loads in LLM()
 from ..llm import check_max_tokens
 from ..memory import parse_size
@@ -46,11 +52,15 @@ def register(subparsers) -> None:
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
-    src.add_argument("--prompts-file", metavar="PATH", help='JSON list of strings or {"prompt", "max_tokens"} objects')
+    src.add_argument("--prompts-file", metavar="PATH",
+                     help='JSON list of strings, {"prompt", "max_tokens"} objects or OpenAI-style '
+                          '{"messages": [{"role", "content"}, ...], "max_tokens"} chat items (always chat-templated)')
     src.add_argument("--trace-file", metavar="CSV",
                      help="replay a request trace's lengths (TIMESTAMP, ContextTokens, GeneratedTokens): prompts of "
                           "real text of each row's scaled prompt length, answers of exactly its scaled answer length")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    p.add_argument("--sequential", action="store_true",
+                   help="submit each request when the previous one has finished, as a chat client does")
     s = p.add_argument_group("sampling")
     d = _SAMPLING  # the defaults are SamplingParams' own
     s.add_argument("--max-tokens", type=int, default=d["max_tokens"], metavar="N", help=f"tokens per answer (default {d['max_tokens']})")
@@ -89,6 +99,8 @@ def register(subparsers) -> None:
 MAX_PROMPTS_FILE_BYTES = 16 << 20  # checked before reading
 MAX_PROMPTS = MAX_REQUESTS  # prompts per run: a workload's bound
 MAX_PROMPT_CHARS = 1 << 20  # characters per prompt (tokenized before the engine sees its length)
+MAX_MESSAGES = 4096  # messages per chat item
+CHAT_ITEM = '{"messages": [{"role": str, "content": str}, ...], "max_tokens": int}'
 
 
 def parse_bytes(text: str) -> int:
@@ -96,8 +108,28 @@ def parse_bytes(text: str) -> int:
     return parse_size(text, "--kv-budget")
 
 
-def load_prompts(path: str) -> list[tuple[str, int | None]]:
-    """(prompt, max_tokens or None) from a prompts file. Raises ConfigError (one line)."""
+def _messages(value, where: str) -> list[dict]:
+    """A chat item's ``messages``, checked: a non-empty list of ``{"role": str, "content": str}``."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: messages must be a non-empty list of {{\"role\", \"content\"}} objects")
+    if len(value) > MAX_MESSAGES:
+        raise ConfigError(f"{where}: {len(value):,} messages, more than the {MAX_MESSAGES:,} allowed")
+    chars = 0
+    for j, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ConfigError(f'{where}, message {j}: expected {{"role": str, "content": str}}')
+        unknown = set(m) - {"role", "content"}
+        if unknown:
+            raise ConfigError(f"{where}, message {j}: unknown key(s) {', '.join(sorted(unknown))}")
+        chars += len(m["content"])
+    if chars > MAX_PROMPT_CHARS:
+        raise ConfigError(f"{where}: {chars:,} characters, more than the {MAX_PROMPT_CHARS:,} allowed")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def load_prompts(path: str) -> list[tuple[str | list[dict], int | None]]:
+    """(prompt, max_tokens or None) from a prompts file; a chat item's prompt is its list of
+    messages. Raises ConfigError (one line)."""
     what = f"prompts file {path!r}"
     data = loads_json(read_text_capped(path, MAX_PROMPTS_FILE_BYTES, "prompts file"), what)
     if not isinstance(data, list) or not data:
@@ -106,18 +138,24 @@ def load_prompts(path: str) -> list[tuple[str, int | None]]:
         raise ConfigError(f"{what} holds {len(data):,} prompts, more than the {MAX_PROMPTS:,} allowed")
     out = []
     for i, item in enumerate(data):
-        if isinstance(item, dict) and isinstance(item.get("prompt"), str):
-            unknown = set(item) - {"prompt", "max_tokens"}
+        if isinstance(item, dict) and ("prompt" in item or "messages" in item):
+            key = "messages" if "messages" in item else "prompt"
+            unknown = set(item) - {key, "max_tokens"}
             if unknown:
                 raise ConfigError(f"{what}, item {i}: unknown key(s) {', '.join(sorted(unknown))}")
             mt = item.get("max_tokens")
             if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
                 raise ConfigError(f"{what}, item {i}: max_tokens must be an integer >= 1, got {mt!r}")
+            if key == "messages":
+                out.append((_messages(item["messages"], f"{what}, item {i}"), mt))
+                continue
             prompt = item["prompt"]
+            if not isinstance(prompt, str):
+                raise ConfigError(f"{what}, item {i}: prompt must be a string")
         elif isinstance(item, str):
             prompt, mt = item, None
         else:
-            raise ConfigError(f'{what}, item {i}: expected a string or {{"prompt": str, "max_tokens": int}}')
+            raise ConfigError(f'{what}, item {i}: expected a string, {{"prompt": str, "max_tokens": int}} or {CHAT_ITEM}')
         if len(prompt) > MAX_PROMPT_CHARS:
             raise ConfigError(f"{what}, item {i}: {len(prompt):,} characters, more than the {MAX_PROMPT_CHARS:,} allowed")
         out.append((prompt, mt))
@@ -206,6 +244,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             items = [(ids, None) for ids, _ in replay]
             params = [sp for _, sp in replay]
             args.chat = False  # the replay's prompts carry the chat template already
+        else:  # chat items: always the chat template, whatever --chat says (vLLM's chat endpoint)
+            items = [(llm.encode_chat(p) if isinstance(p, list) else p, mt) for p, mt in items]
     except ModelLoadError as exc:
         raise ConfigError(str(exc)) from None
     writer = engine = None
@@ -216,12 +256,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         engine = llm.new_engine(recording=writer, kv_event_sink=sink)
     elif writer is not None:
         engine = llm.new_engine(recording=writer)
+    cached: dict[str, int] = {}  # request id -> prompt tokens from the prefix cache, at its first admission
+
+    def note_admissions(_outs, snap) -> None:
+        for e in snap.events:
+            if e.kind == ADMIT:
+                cached.setdefault(e.request_id, int(e.detail.get("cached_tokens", 0)))
+
     try:
-        outputs = llm.generate([p for p, _ in items], params, chat=args.chat, engine=engine,
-                               on_submit=(lambda e: writer.set_header(e.trace_header())) if writer else None)
+        outputs = llm.generate([p for p, _ in items], params, chat=args.chat, engine=engine, on_step=note_admissions,
+                               on_submit=(lambda e: writer.set_header(e.trace_header())) if writer else None,
+                               sequential=args.sequential)
     finally:
-        if writer is not None:
-            writer.close()
+        if writer is not None:  # sequential: the header saw the first request only; the footer lists all
+            writer.close({"requests": engine.trace_header()["requests"]} if args.sequential else None)
     summary = dict(llm.last_summary or {})
     summary["model"] = llm.loaded.name
     if sink is not None:
@@ -235,6 +283,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "token_ids": first.token_ids if first else [],
             "text": first.text if first else "",
             "finish_reason": first.finish_reason if first else None,
+            "cached_tokens": cached.get(o.request_id, 0),
         }
         if o.reject_reason:
             row["reject_reason"] = o.reject_reason

@@ -270,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replay-port", type=int, default=DEFAULT_REPLAY_PORT,
                    help=f"KV-cache events replay port (default {DEFAULT_REPLAY_PORT})")
     p.add_argument("--log", default=None, help="server log file (default /tmp/pagedkv-vllm-PORT.log)")
+    p.add_argument("--venv", default=str(VLLM_VENV), help=f"vLLM's virtual environment (default {VLLM_VENV})")
     args = p.parse_args(argv)
-    server = VLLMServer(args.port, args.events_port, args.replay_port, log_path=args.log)
+    server = VLLMServer(args.port, args.events_port, args.replay_port, log_path=args.log, venv=Path(args.venv))
 
     def interrupted(_sig, _frame):  # SIGTERM and SIGHUP stop the server as Ctrl-C does
         raise KeyboardInterrupt

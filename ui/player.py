@@ -209,8 +209,8 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
     shown = int(st.session_state.get(step_key, 0))
     drawn = state.setdefault("drawn", [])
     cur = shown
+    now = time.monotonic()
     if state["playing"]:
-        now = time.monotonic()
         sent = state.get("ticked_at")
         if sent is None or shown == sent:
             cur = shown + steps_per_tick(speed(key), now - state.get("tick_time", now))
@@ -240,7 +240,7 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
         drawn.append(cur)
         del drawn[:-RECENT_DRAWN]
         frames = state.setdefault("frames", [])
-        frames.append((time.monotonic(), cur))
+        frames.append((now, cur))
         horizon = frames[-1][0] - RATE_WINDOW_S
         while len(frames) > 2 and frames[1][0] <= horizon:
             frames.pop(0)

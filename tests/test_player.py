@@ -1,0 +1,100 @@
+"""The player's rules, headless (AppTest: every run is a full run, the step slider's value the one
+the browser would send back). The same rules under a real, slow browser: test_player_browser.py."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.apptest import open_page
+from ui import player
+
+POOL_PAGE = "pages/reserve_or_page.py"
+
+
+def step(at) -> int:
+    return at.slider(key="rop_step").value
+
+
+def playing_page(ticks: int = 3):
+    at = open_page(POOL_PAGE)
+    at.button(key="rop_play").click().run()
+    seen = [step(at)]
+    for _ in range(ticks):
+        at.run()  # a tick of the fragment's timer, from a browser that drew the last frame
+        seen.append(step(at))
+    return at, seen
+
+
+def test_pause_lands_on_the_step_the_browser_shows():
+    """A browser a frame behind presses Pause with the slider at the frame it shows: the run
+    stops there, not at the frame the server sent since."""
+    at, seen = playing_page()
+    at.slider(key="rop_step").set_value(seen[-2])  # the screen is one frame behind
+    at.button(key="rop_play").click().run()
+    assert not at.exception
+    assert step(at) == seen[-2] and at.button(key="rop_play").label == "Play"
+    at.slider(key="rop_step").set_value(seen[-1]).run()  # the frame that was on its way arrives late
+    assert step(at) == seen[-2]
+    at.run()
+    assert step(at) == seen[-2]
+    at.slider(key="rop_step").set_value(seen[0]).run()  # a drag back is the student's
+    assert step(at) == seen[0]
+
+
+def test_a_held_frame_is_the_last_one_sent_and_play_goes_on_once_it_is_drawn():
+    at, seen = playing_page()
+    for _ in range(2):  # the browser is still drawing: the same frame again, never an earlier one
+        at.slider(key="rop_step").set_value(seen[-2]).run()
+        assert step(at) == seen[-1]
+    at.run()
+    assert step(at) > seen[-1]
+
+
+def test_play_starts_from_the_step_on_the_screen():
+    at = open_page(POOL_PAGE)
+    at.slider(key="rop_step").set_value(40).run()
+    at.button(key="rop_play").click().run()
+    assert step(at) > 40
+    assert "Playing at" in " ".join(c.value for c in at.caption)
+
+
+def test_a_press_that_a_fragment_tick_carried_acts_once(monkeypatch):
+    """Streamlit sends a click outside the fragment as a full rerun; a fragment tick that fires
+    first carries it too. The copy in the fragment run is ignored: one press, one toggle."""
+    calls = []
+    toggle = player._outside_fragment(lambda: calls.append(1))
+    import streamlit.runtime.scriptrunner as scriptrunner
+
+    monkeypatch.setattr(scriptrunner, "get_script_run_ctx", lambda: SimpleNamespace(fragment_ids_this_run=["f"]))
+    toggle()
+    assert calls == []
+    monkeypatch.setattr(scriptrunner, "get_script_run_ctx", lambda: SimpleNamespace(fragment_ids_this_run=None))
+    toggle()
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("rate, label", [(1, "1 step/s"), (10, "10 steps/s"), (2.14, "2.1 steps/s"), (1.0, "1 step/s")])
+def test_rate_labels_read_right(rate, label):
+    assert player.rate_label(round(rate, 1)) == label
+
+
+def test_speed_control_reads_right_at_one_step():
+    at = open_page(POOL_PAGE, speed="1")
+    speed = next(s for s in at.select_slider if s.label == "Speed")
+    assert speed.value == 1 and speed.proto.options[0] == "1 step/s" and speed.proto.options[9] == "10 steps/s"
+
+
+def test_the_rate_shown_is_the_rate_achieved(monkeypatch):
+    """Frames 1 s apart that each advance 2 steps: 2 steps/s, below 80% of 10: machine-bound."""
+    clock = iter(range(100, 200))
+    monkeypatch.setattr(player.time, "monotonic", lambda: float(next(clock)))
+    state = {"playing": False}
+    monkeypatch.setattr(player, "_state", lambda key: state)
+    monkeypatch.setattr(player.st, "session_state", {"k_step": 0, "k_speed": 2})
+    player.start("k")
+    for _ in range(4):
+        player.tick("k", 1000)
+    assert player.achieved_rate("k") == pytest.approx(2.0)
+    player.st.session_state["k_speed"] = 10
+    assert "machine-bound" in player.rate_text("k") and "2 steps/s" in player.rate_text("k")

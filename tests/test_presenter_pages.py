@@ -158,3 +158,14 @@ def test_a_slide_that_asks_draws_a_shorter_figure():
     at.button(key="rop_guide_next").click().run()  # slide 3 asks nothing
     assert figure(at, "rop_slide")["layout"]["height"] == SLIDE_HEIGHT
 
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_free_play_in_presenter_mode_on_every_lesson(page):
+    """``?present=on&guide=off`` on every lesson: the page's free play, in slide type, without the
+    sidebar and without an error."""
+    key = lesson_key(page)
+    at = open_page(page.path, present="on", guide="off")
+    assert not at.exception, at.exception
+    assert at.session_state[f"{key}_present"] and not at.session_state[f"{key}_guide"]
+    assert slide_style(at)

@@ -98,3 +98,14 @@ def test_the_rate_shown_is_the_rate_achieved(monkeypatch):
     assert player.achieved_rate("k") == pytest.approx(2.0)
     player.st.session_state["k_speed"] = 10
     assert "machine-bound" in player.rate_text("k") and "2 steps/s" in player.rate_text("k")
+
+
+def test_a_playing_chart_keeps_its_identity_from_frame_to_frame():
+    """A keyed chart's element id is its key alone (ui.streamlit_compat.stable_keyed_chart_ids):
+    the browser updates it in place instead of unmounting it and mounting a new, blank one."""
+    at, _ = playing_page(ticks=1)
+    charts = lambda: {c.proto.id: c.proto.spec for c in at.get("plotly_chart") if "rop_heat_paged" in c.proto.id}
+    first = charts()
+    at.run()
+    second = charts()
+    assert len(first) == 1 and first.keys() == second.keys() and first != second

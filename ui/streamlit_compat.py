@@ -15,6 +15,8 @@ upgrade):
   ``Runtime.close_session`` does for a stored session (which it can no longer find once
   expired), on the event loop and under the session manager's storage lock, as Streamlit's own
   logout path does.
+- ``plotly_chart.compute_and_register_element_id`` (:func:`stable_keyed_chart_ids`): a keyed
+  chart's element id is its key alone, so a playing chart is updated in place, not remounted blank.
 """
 from __future__ import annotations
 
@@ -80,3 +82,24 @@ def reap_expired_sessions() -> int | None:
         return None
     done.wait(REAP_WAIT_S)
     return reaped[0] if reaped else None
+
+
+def stable_keyed_chart_ids() -> None:
+    """Make a keyed ``st.plotly_chart``'s element id its key alone. Streamlit 1.67 hashes the
+    figure into the id even when the chart has a key, so each new frame of a playing chart is a new
+    element to the browser, which unmounts the old chart and mounts a new one: the chart is blank
+    until Plotly has drawn it again, every frame (issue 21). With the key as the identity the
+    browser updates the chart in place. Idempotent."""
+    from streamlit.elements import plotly_chart as module
+
+    compute = module.compute_and_register_element_id
+    if getattr(compute, "pagedkv_stable", False):
+        return
+
+    def keyed(element_type, *, user_key=None, key_as_main_identity=False, **kwargs):
+        if element_type == "plotly_chart" and user_key is not None:
+            key_as_main_identity = True
+        return compute(element_type, user_key=user_key, key_as_main_identity=key_as_main_identity, **kwargs)
+
+    keyed.pagedkv_stable = True
+    module.compute_and_register_element_id = keyed

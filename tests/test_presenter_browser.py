@@ -21,6 +21,7 @@ def test_slides_fit_a_projector_in_chromium():
             page.goto(f"{url}/{path}?present=on")
             wait_idle(page, 600_000)
             slide = 1
+            titles = []  # each slide's figure title, as the browser drew it
             while True:
                 radios = page.locator('[data-testid="stRadio"]').filter(has_text="Predict:")
                 numbers = page.get_by_label(re.compile("^Predict:"))
@@ -35,12 +36,15 @@ def test_slides_fit_a_projector_in_chromium():
                 page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
                 assert page.locator('[data-testid="stException"]').count() == 0, (path, slide)
                 assert not page.locator('[data-testid="stSidebar"]').is_visible()
+                titles.append(page.locator(".js-plotly-plot .gtitle").first.text_content())
                 box = page.locator(".js-plotly-plot").first.bounding_box()
                 assert box["y"] + box["height"] <= 720 + 1, (path, slide, box)  # the whole figure on the screen
                 page.screenshot(path=str(out / f"{path}-slide-{slide}-1280x720.png"))
                 header = page.get_by_text(re.compile(r"Step \d+ of \d+")).first.inner_text()
                 done, total = (int(x) for x in re.search(r"Step (\d+) of (\d+)", header).groups())
                 if done == total:
+                    # the browser drew each slide's own figure, not the first one again
+                    assert len(set(titles)) >= 3, (path, titles)
                     break
                 page.locator('[data-testid="stAlertContentInfo"]').first.click()  # keys go to the page
                 page.keyboard.press("ArrowRight")

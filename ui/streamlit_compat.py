@@ -15,8 +15,8 @@ upgrade):
   ``Runtime.close_session`` does for a stored session (which it can no longer find once
   expired), on the event loop and under the session manager's storage lock, as Streamlit's own
   logout path does.
-- ``plotly_chart.compute_and_register_element_id`` (:func:`stable_keyed_chart_ids`): a keyed
-  chart's element id is its key alone, so a playing chart is updated in place, not remounted blank.
+- Not patched: ``plotly_chart.compute_and_register_element_id``. A keyed chart whose id is its
+  key alone is never redrawn by Streamlit 1.67's browser side (:func:`stable_keyed_chart_ids`).
 """
 from __future__ import annotations
 
@@ -85,21 +85,14 @@ def reap_expired_sessions() -> int | None:
 
 
 def stable_keyed_chart_ids() -> None:
-    """Make a keyed ``st.plotly_chart``'s element id its key alone. Streamlit 1.67 hashes the
-    figure into the id even when the chart has a key, so each new frame of a playing chart is a new
-    element to the browser, which unmounts the old chart and mounts a new one: the chart is blank
-    until Plotly has drawn it again, every frame (issue 21). With the key as the identity the
-    browser updates the chart in place. Idempotent."""
-    from streamlit.elements import plotly_chart as module
+    """Deliberately does nothing (kept so that callers need not change).
 
-    compute = module.compute_and_register_element_id
-    if getattr(compute, "pagedkv_stable", False):
-        return
-
-    def keyed(element_type, *, user_key=None, key_as_main_identity=False, **kwargs):
-        if element_type == "plotly_chart" and user_key is not None:
-            key_as_main_identity = True
-        return compute(element_type, user_key=user_key, key_as_main_identity=key_as_main_identity, **kwargs)
-
-    keyed.pagedkv_stable = True
-    module.compute_and_register_element_id = keyed
+    It used to make a keyed ``st.plotly_chart``'s element id its key alone, so that a playing chart
+    would be updated in place instead of remounted (Streamlit 1.67 hashes the figure into the id).
+    But Streamlit 1.67's browser side reads a chart's figure from its spec only when the chart is
+    mounted (``useState`` keyed on the element id; later effects depend on the id, not the spec),
+    so with a stable id every keyed chart kept its first figure for good: the pools froze at step 0
+    while playing, a guide's slides all showed the first slide's figure, and a scrub slider moved
+    nothing (seen in Chromium, issue 21; ``tests/test_presenter_browser.py`` now checks that the
+    slides' figures change). A new figure therefore needs a new id, as Streamlit computes it."""
+    return None

@@ -245,7 +245,7 @@ def test_the_contiguous_policy_comes_from_the_url():
     at = open_page("pages/reserve_or_page.py", contiguous_policy="pow2")
     assert at.session_state["contiguous_policy"] == "pow2"
     figure(at, "rop_heat_contiguous-pow2")
-    assert any("Orca Pow2" in h.value for h in at.subheader)
+    assert any("Orca Pow2" in h.value for h in at.markdown)  # each side's heading (a compact #### line)
     bad = open_page("pages/reserve_or_page.py", contiguous_policy="huge")
     assert any("contiguous_policy" in e.value for e in bad.error)
     figure(bad, "rop_heat_contiguous")

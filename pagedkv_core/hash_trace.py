@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import MAX_ARRIVAL_STEP, MAX_BLOCK_SIZE, ConfigError
+from .config import MAX_BLOCK_SIZE, ConfigError
 from .safe_io import loads_json
 from .scripted import FIRST_TOKEN, VOCAB_SIZE, _mix as splitmix64
 from .workloads import (
@@ -54,6 +54,7 @@ from .workloads import (
     _open_trace,
     _row_problem,
     _trace_description,
+    select_window,
 )
 
 HASH_BLOCK = 512  # prompt tokens per hash id in the trace
@@ -241,42 +242,9 @@ def hash_trace_workload(rows: Iterable[HashTraceRow], file_name: str, opt: Trace
     MAX_TRACE_REQUESTS requests without a count, MAX_WORKLOAD_TOKENS prompt tokens); a trusted
     caller (a benchmark over the whole shipped trace) may lift them with False."""
     block = hash_block_tokens(opt.length_scale)
-    mode = opt.max_tokens
-    context = opt.scaled(opt.max_context)
-    cap = opt.scaled(mode) if isinstance(mode, int) else None
-    limit = (MAX_TRACE_REQUESTS if limits else None) if opt.count is None else opt.count
-    kept: list[tuple[HashTraceRow, int, int, int]] = []  # (row, prompt_len, output_len, max_tokens)
-    left_out = 0
-    last = opt.start
-    for r in rows:
-        if limit is not None and len(kept) == limit:  # only without a count: one more means too many
-            raise ConfigError(f"{file_name}: more than {limit:,} requests after request {opt.start:,}: "
-                              f"give a count of at most {limit:,}")
-        last = r.line
-        prompt, answer = scaled_prompt_len(r, block), opt.scaled(r.answer_len)
-        if mode == "context":
-            if prompt + answer > context:
-                left_out += 1
-                continue
-            kept.append((r, prompt, answer, context - prompt))
-        elif mode == "answer":
-            kept.append((r, prompt, answer, answer))
-        else:
-            kept.append((r, prompt, min(answer, cap), cap))
-        if len(kept) == opt.count:
-            break
-    if not kept:
-        why = f" ({left_out:,} left out: longer than the {context:,}-token context)" if left_out else ""
-        raise ConfigError(f"{file_name}: no requests after request {opt.start:,}{why}")
-    t0 = min(r.time_s for r, *_ in kept)
-    per_step = opt.seconds_per_step / opt.rate
-    steps = []
-    for r, *_ in kept:
-        at = (r.time_s - t0) / per_step
-        if not at <= MAX_ARRIVAL_STEP:
-            raise ConfigError(f"{file_name} line {r.line}: arrives at step {at:,.0f}, beyond {MAX_ARRIVAL_STEP:,}; "
-                              f"use more seconds per step or fewer requests")
-        steps.append(int(at))
+    w = select_window(rows, file_name, opt, where="line", prompt_len=lambda r: scaled_prompt_len(r, block),
+                      limit=(MAX_TRACE_REQUESTS if limits else None) if opt.count is None else opt.count)
+    kept, steps = w.kept, w.steps
     problems = [_row_problem(prompt, max(answer, mt)) for _r, prompt, answer, mt in kept]
     if limits:
         _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
@@ -290,6 +258,7 @@ def hash_trace_workload(rows: Iterable[HashTraceRow], file_name: str, opt: Trace
             continue
         reqs.append(WorkloadRequest(rid, prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step))
     if description is None:
-        description = _trace_description(file_name, opt, len(kept), kept[0][0].line, last, left_out, context, cap)
+        description = _trace_description(file_name, opt, len(kept), kept[0][0].line, w.last, w.left_out, w.context,
+                                         w.cap)
         description = description.replace(" rows ", " lines ", 1) + f"; hash blocks of {block} tokens"
     return Workload(name or file_name, description, tuple(reqs), opt.pool_slots, hash_block=block)

@@ -281,28 +281,30 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, interrupted)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by a script
         signal.signal(signal.SIGINT, interrupted)
-    try:
+    ready = False
+    code = None
+    try:  # one try from start to stop: a signal at any moment (a script's SIGTERM) stops the server
         server.start()
         print(f"starting vLLM ({VLLM_PACKAGE}) on {server.url}; log: {server.log_path}", flush=True)
         secs = server.wait_ready(on_progress=lambda s, line: print(f"  [{s:5.0f} s] {line[:150]}", flush=True))
+        ready = True
+        print(f"vLLM is ready after {secs:.0f} s: {server.url} (OpenAI API), KV events {server.events_endpoint} "
+              f"(topic {EVENTS_TOPIC!r}), replay {server.replay_endpoint}. Ctrl-C stops it.", flush=True)
+        while server.proc is not None and server.proc.poll() is None:
+            time.sleep(1.0)
+        code = server.proc.returncode if server.proc is not None else None
     except VLLMServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        server.stop()
-        print("stopped", file=sys.stderr)
-        return 130
-    print(f"vLLM is ready after {secs:.0f} s: {server.url} (OpenAI API), KV events {server.events_endpoint} "
-          f"(topic {EVENTS_TOPIC!r}), replay {server.replay_endpoint}. Ctrl-C stops it.", flush=True)
-    code = None
-    try:
-        while server.proc is not None and server.proc.poll() is None:
-            time.sleep(1.0)
-        code = server.proc.returncode if server.proc is not None else None
-    except KeyboardInterrupt:
-        pass
+        if not ready:
+            print("stopped", file=sys.stderr)
     finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
         server.stop()
+    if not ready:
+        return 130
     if code not in (None, 0):
         print(f"error: vLLM exited with code {code}; its log {server.log_path} ends:\n{server.log_tail()}", file=sys.stderr)
         return 1

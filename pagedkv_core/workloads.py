@@ -601,22 +601,39 @@ def trace_workload(path, seed: int = 0, options: TraceOptions | None = None, *, 
                             name=name, description=description)
 
 
-def _trace_from_rows(rows: Iterable[TraceRow], file_name: str, seed: int, opt: TraceOptions, *,
-                     name: str | None = None, description: str | None = None) -> Workload:
+@dataclass
+class TraceWindow:
+    """The requests a request log's options keep (:func:`select_window`): ``kept`` holds
+    (row, prompt_len, output_len, max_tokens) in file order, ``steps`` each one's arrival step."""
+
+    kept: list[tuple]
+    steps: list[int]
+    left_out: int  # longer than the context, with max_tokens "context"
+    last: int  # where the last row read stands in the file (its row or line)
+    context: int
+    cap: int | None  # max_tokens when it is a number of tokens
+
+
+def select_window(rows: Iterable, file_name: str, opt: TraceOptions, *, where: str, prompt_len,
+                  limit: int | None) -> TraceWindow:
+    """The window of a request log (a CSV trace's rows, a hash trace's lines) that ``opt`` asks
+    for: from ``opt.start``, ``opt.count`` requests (at most ``limit`` without a count: one more
+    is an error), each with its prompt (``prompt_len(row)``, scaled), answer and ``max_tokens``,
+    and its arrival step from the first kept request's time. ``where``: "row" (``row.row``) or
+    "line" (``row.line``), how an error names a position."""
     mode = opt.max_tokens
     context = opt.scaled(opt.max_context)
     cap = opt.scaled(mode) if isinstance(mode, int) else None
-    limit = MAX_TRACE_REQUESTS if opt.count is None else opt.count
-    kept: list[tuple[TraceRow, int, int, int]] = []  # (row, prompt_len, output_len, max_tokens)
+    after, fewer = ("row", "rows") if where == "row" else ("request", "requests")
+    kept: list[tuple] = []
     left_out = 0
-    last_row = opt.start
+    last = opt.start
     for r in rows:
-        if len(kept) == limit:  # only without a count: one more row means too many
-            raise ConfigError(
-                f"{file_name}: more than {MAX_TRACE_REQUESTS:,} requests after row {opt.start:,}: give a count of at most {MAX_TRACE_REQUESTS:,}"
-            )
-        last_row = r.row
-        prompt, answer = opt.scaled(r.prompt_len), opt.scaled(r.answer_len)
+        if limit is not None and len(kept) == limit:  # only without a count: one more means too many
+            raise ConfigError(f"{file_name}: more than {limit:,} requests after {after} {opt.start:,}: "
+                              f"give a count of at most {limit:,}")
+        last = getattr(r, where)
+        prompt, answer = prompt_len(r), opt.scaled(r.answer_len)
         if mode == "context":
             if prompt + answer > context:
                 left_out += 1
@@ -630,18 +647,24 @@ def _trace_from_rows(rows: Iterable[TraceRow], file_name: str, seed: int, opt: T
             break  # the rows after the window are never read
     if not kept:
         why = f" ({left_out:,} left out: longer than the {context:,}-token context)" if left_out else ""
-        raise ConfigError(f"{file_name}: no requests after row {opt.start:,}{why}")
+        raise ConfigError(f"{file_name}: no requests after {after} {opt.start:,}{why}")
     t0 = min(r.time_s for r, *_ in kept)
     per_step = opt.seconds_per_step / opt.rate
     steps = []
     for r, *_ in kept:
         at = (r.time_s - t0) / per_step
         if not at <= MAX_ARRIVAL_STEP:  # NaN and infinity too (1e308 - -1e308)
-            raise ConfigError(
-                f"{file_name} row {r.row}: arrives at step {at:,.0f}, beyond {MAX_ARRIVAL_STEP:,}; "
-                f"use more seconds per step or fewer rows"
-            )
+            raise ConfigError(f"{file_name} {where} {getattr(r, where)}: arrives at step {at:,.0f}, beyond "
+                              f"{MAX_ARRIVAL_STEP:,}; use more seconds per step or fewer {fewer}")
         steps.append(int(at))
+    return TraceWindow(kept, steps, left_out, last, context, cap)
+
+
+def _trace_from_rows(rows: Iterable[TraceRow], file_name: str, seed: int, opt: TraceOptions, *,
+                     name: str | None = None, description: str | None = None) -> Workload:
+    w = select_window(rows, file_name, opt, where="row", prompt_len=lambda r: opt.scaled(r.prompt_len),
+                      limit=MAX_TRACE_REQUESTS if opt.count is None else opt.count)
+    kept, steps = w.kept, w.steps
     problems = [_row_problem(prompt, max(answer, max_tokens)) for _r, prompt, answer, max_tokens in kept]
     _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
                         "use fewer rows (count) or a length_scale below 1")
@@ -653,7 +676,7 @@ def _trace_from_rows(rows: Iterable[TraceRow], file_name: str, seed: int, opt: T
         rng = np.random.default_rng([seed, r.row])
         reqs.append(WorkloadRequest(f"r{r.row}", _tokens(rng, prompt), answer, max_tokens, arrival_step=step))
     if description is None:
-        description = _trace_description(file_name, opt, len(kept), kept[0][0].row, last_row, left_out, context, cap)
+        description = _trace_description(file_name, opt, len(kept), kept[0][0].row, w.last, w.left_out, w.context, w.cap)
     return Workload(name or file_name, description, tuple(reqs), opt.pool_slots)
 
 

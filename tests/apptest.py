@@ -53,3 +53,21 @@ def uploader(at, key: str):
         if u.key == key:
             return u
     raise AssertionError(f"no file_uploader {key!r}")
+
+
+def walk_guide(at, key: str, on_step=None) -> int:
+    """Turn guide mode on and press Next until the end; every step must render its narration."""
+    at.toggle(key=f"{key}_guide").set_value(True).run()
+    assert not at.exception, at.exception
+    n = 0
+    while True:
+        n += 1
+        assert at.info and at.info[0].value, f"step {n}: no narration"
+        assert not at.error, [e.value for e in at.error]
+        if on_step is not None:
+            on_step(at, n)
+        nxt = at.button(key=f"{key}_guide_next")
+        if nxt.disabled:
+            return n
+        nxt.click().run()
+        assert not at.exception, at.exception

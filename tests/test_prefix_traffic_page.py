@@ -7,7 +7,7 @@ import pytest
 
 from pagedkv_core.hash_trace import MOONCAKE_CONV_TRACE, read_hash_trace
 from pagedkv_core.prefix_replay import replay, requests_from_rows
-from tests.apptest import figure, open_page, plotly_array
+from tests.apptest import figure, open_page, plotly_array, walk_guide
 from ui.lessons import prefix_traffic as lesson
 from ui.pages_registry import lessons
 
@@ -87,20 +87,7 @@ def test_shared_prefixes_from_hash_ids():
 
 
 def walk(at, on_step=None) -> int:
-    at.toggle(key=f"{KEY}_guide").set_value(True).run()
-    assert not at.exception, at.exception
-    n = 0
-    while True:
-        n += 1
-        assert at.info and at.info[0].value, f"step {n}: no narration"
-        assert not at.error, [e.value for e in at.error]
-        if on_step is not None:
-            on_step(at, n)
-        nxt = at.button(key=f"{KEY}_guide_next")
-        if nxt.disabled:
-            return n
-        nxt.click().run()
-        assert not at.exception, at.exception
+    return walk_guide(at, KEY, on_step)
 
 
 def test_guide_steps_and_predictions_reveal_the_measured_answers():

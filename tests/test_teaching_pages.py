@@ -10,7 +10,7 @@ import pytest
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.scripted import ScriptedSource
-from tests.apptest import figure, open_page, plotly_array
+from tests.apptest import figure, open_page, plotly_array, walk_guide
 from ui.pool_cells import figure_cells
 
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -25,24 +25,6 @@ def metric(at, label: str) -> str:
 
 def metrics(at, label: str) -> list[str]:
     return [m.value for m in at.metric if m.label == label]
-
-
-def walk_guide(at, key: str, on_step=None) -> int:
-    """Turn guide mode on and press Next until the end; every step must render its narration."""
-    at.toggle(key=f"{key}_guide").set_value(True).run()
-    assert not at.exception, at.exception
-    n = 0
-    while True:
-        n += 1
-        assert at.info and at.info[0].value, f"step {n}: no narration"
-        assert not at.error, [e.value for e in at.error]
-        if on_step is not None:
-            on_step(at, n)
-        nxt = at.button(key=f"{key}_guide_next")
-        if nxt.disabled:
-            return n
-        nxt.click().run()
-        assert not at.exception, at.exception
 
 
 def curve(at, key: str, name: str | None = None) -> list[float]:

@@ -103,8 +103,7 @@ def test_the_rate_shown_is_the_rate_achieved(monkeypatch):
 def test_a_new_frame_is_a_new_chart_element():
     """Each frame of a playing chart gets a new element id (Streamlit's own, the figure hashed in):
     Streamlit 1.67's browser side reads a chart's figure only when it mounts the element, so a chart
-    that kept its id from frame to frame stayed at its first figure (the pools froze at step 0;
-    ui.streamlit_compat.stable_keyed_chart_ids no longer patches the id)."""
+    that kept its id from frame to frame stayed at its first figure (the pools froze at step 0)."""
     at, _ = playing_page(ticks=1)
     charts = lambda: {c.proto.id: c.proto.spec for c in at.get("plotly_chart") if "rop_heat_paged" in c.proto.id}
     first = charts()

@@ -30,9 +30,6 @@ import time
 import streamlit as st
 
 from ui import export, run_events
-from ui.streamlit_compat import stable_keyed_chart_ids
-
-stable_keyed_chart_ids()  # a playing chart is updated in place, not unmounted and mounted each frame
 
 SPEEDS = (1, 50)  # steps per second, the control's range
 DEFAULT_SPEED = 10

@@ -16,7 +16,11 @@ upgrade):
   expired), on the event loop and under the session manager's storage lock, as Streamlit's own
   logout path does.
 - Not patched: ``plotly_chart.compute_and_register_element_id``. A keyed chart whose id is its
-  key alone is never redrawn by Streamlit 1.67's browser side (:func:`stable_keyed_chart_ids`).
+  key alone is never redrawn by Streamlit 1.67's browser side: it reads a chart's figure only when
+  it mounts the element (``useState`` keyed on the element id), so with a stable id every playing
+  pool froze at its first frame and every guide slide showed the first slide's figure (tried and
+  undone, issue 21). A new figure needs a new id, as Streamlit computes it; the price is that
+  the browser mounts each frame's chart afresh.
 """
 from __future__ import annotations
 
@@ -82,17 +86,3 @@ def reap_expired_sessions() -> int | None:
         return None
     done.wait(REAP_WAIT_S)
     return reaped[0] if reaped else None
-
-
-def stable_keyed_chart_ids() -> None:
-    """Deliberately does nothing (kept so that callers need not change).
-
-    It used to make a keyed ``st.plotly_chart``'s element id its key alone, so that a playing chart
-    would be updated in place instead of remounted (Streamlit 1.67 hashes the figure into the id).
-    But Streamlit 1.67's browser side reads a chart's figure from its spec only when the chart is
-    mounted (``useState`` keyed on the element id; later effects depend on the id, not the spec),
-    so with a stable id every keyed chart kept its first figure for good: the pools froze at step 0
-    while playing, a guide's slides all showed the first slide's figure, and a scrub slider moved
-    nothing (seen in Chromium, issue 21; ``tests/test_presenter_browser.py`` now checks that the
-    slides' figures change). A new figure therefore needs a new id, as Streamlit computes it."""
-    return None

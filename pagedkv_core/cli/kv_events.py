@@ -22,6 +22,18 @@ def add_kv_events_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-events-topic", default="", metavar="TOPIC", help="the topic frame (default empty)")
 
 
+def check_endpoints(*flags: tuple[str | None, str]) -> None:
+    """Each given (endpoint, flag name) is a ZMQ TCP endpoint; ConfigError (one line) otherwise."""
+    from ..observe.discovery import check_endpoint
+
+    try:
+        for endpoint, flag in flags:
+            if endpoint:
+                check_endpoint(endpoint, flag)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def check_kv_events(args: argparse.Namespace, allocator: str) -> None:
     """The flags' values, before anything is built or run. ConfigError (one line)."""
     if args.kv_events is None:
@@ -29,14 +41,8 @@ def check_kv_events(args: argparse.Namespace, allocator: str) -> None:
             raise ConfigError("--kv-events-replay needs --kv-events")
         return
     from ..allocator import allocator_kind
-    from ..observe.discovery import check_endpoint
 
-    try:
-        check_endpoint(args.kv_events, "--kv-events")
-        if args.kv_events_replay:
-            check_endpoint(args.kv_events_replay, "--kv-events-replay")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    check_endpoints((args.kv_events, "--kv-events"), (args.kv_events_replay, "--kv-events-replay"))
     if allocator_kind(allocator) != "paged":
         raise ConfigError(f"--kv-events needs a paged allocator (the prefix cache's events); {allocator} has none")
 

@@ -55,15 +55,11 @@ def _positive(value, flag: str) -> None:
 
 
 def _sources(args):
-    from ..observe.discovery import EventSource, check_endpoint, discover
+    from ..observe.discovery import EventSource, discover
+    from .kv_events import check_endpoints
 
     if args.kv_events:
-        try:
-            check_endpoint(args.kv_events, "--kv-events")
-            if args.replay:
-                check_endpoint(args.replay, "--replay")
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        check_endpoints((args.kv_events, "--kv-events"), (args.replay, "--replay"))
         return [EventSource(args.kv_events, args.replay, args.topic or "")]
     sources = discover(args.server)
     if args.replay or args.topic is not None:

@@ -14,6 +14,7 @@ from ui import vllm_view as view
 KEY = "vllm"
 MODES = ("Live server", "Recorded observation")
 
+st.title("Your vLLM server")
 st.caption(
     "What a **real vLLM server** tells the world about its KV cache: its KV-cache events (each full block stored "
     "in the prefix cache, each block evicted) and its Prometheus `/metrics`. Start one with `make vllm`, or watch "

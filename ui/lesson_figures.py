@@ -175,14 +175,18 @@ def most_advanced(states) -> int:
     return min(states, key=lambda s: STATUS_ORDER.index(s) if s in STATUS_ORDER else len(STATUS_ORDER))
 
 
-def status_timeline(run, labels: list[str], title: str, *, current_step=None, preemptions=()) -> go.Figure:
+def status_timeline(run, labels: list[str], title: str, *, current_step=None, preemptions=(),
+                    upto: int | None = None) -> go.Figure:
     """Per request of ``run`` (rows, ``run.request_ids``) and step (columns, ``run.at``): waiting,
-    running, swapped or preempted; finished is blank. ``preemptions``: (step, request id) pairs, drawn as ✕."""
+    running, swapped or preempted; finished is blank. ``preemptions``: (step, request id) pairs, drawn as ✕.
+    ``upto``: draw the steps up to this one only (the axis still spans the run), so that a page at
+    step ``upto`` does not show what comes next."""
     request_ids = run.request_ids
     steps = run.num_steps
+    drawn = steps if upto is None else max(0, min(steps, upto + 1))
     n = len(request_ids)
     codes = np.full((n, steps), np.nan)
-    for s in range(steps):
+    for s in range(drawn):
         snap = run.at(s)
         for i in range(len(snap.seq_id)):
             r = int(snap.seq_request[i])
@@ -202,7 +206,8 @@ def status_timeline(run, labels: list[str], title: str, *, current_step=None, pr
     for r in range(n):
         for s in range(steps):
             c = codes[r, s]
-            hover[r, s] = f"{labels[r]} at step {s}: " + ("finished or not arrived" if np.isnan(c) else STATUS_STYLE[int(c)][0])
+            hover[r, s] = f"{labels[r]} at step {s}: " + ("not yet" if s >= drawn else "finished or not arrived"
+                                                          if np.isnan(c) else STATUS_STYLE[int(c)][0])
     fig.add_trace(go.Heatmap(z=z, zmin=-0.5, zmax=len(keys) - 0.5, colorscale=scale, showscale=False, xgap=1, ygap=4,
                              hovertext=hover, hoverinfo="text"))
     for k in keys:  # legend entries

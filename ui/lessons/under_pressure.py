@@ -226,7 +226,7 @@ class PressureView:
         rec = self.recs[mode]
         pre = [(s, e.request_id) for s, e in rec.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE, upto=step)]
         return status_timeline(rec, rec.request_ids, f"{mode}: each request's state per step (✕ = preempted)",
-                               current_step=step, preemptions=pre)
+                               current_step=step, preemptions=pre, upto=step)
 
     def free_figure(self, mode: str, step: int):
         rec = self.recs[mode]

@@ -74,10 +74,10 @@ $(VLLM_DEPS):
 
 vllm-setup: $(VLLM_DEPS)
 
-# Serve the bundled SmolLM2 with vLLM on loopback (pagedkv_core/vllm_server.py): OpenAI API on
+# Serve the bundled SmolLM2 with vLLM on loopback (pagedkv_core/observe/vllm_server.py): OpenAI API on
 # VLLM_PORT, KV-cache events on 5557 and their replay on 5558, prefix caching, block size 32.
 vllm: $(DEPS) $(VLLM_DEPS)
-	$(PY) -m pagedkv_core.vllm_server --port $(VLLM_PORT)
+	$(PY) -m pagedkv_core.observe.vllm_server --port $(VLLM_PORT)
 
 # The real-server tests (marker `vllm`, left out of `make test`): start vLLM, observe it, check
 # pagedkv's prefix cache against it block for block, stop it. They never skip: a vLLM that cannot

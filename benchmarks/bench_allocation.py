@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pagedkv_core.allocator import allocator_kind  # noqa: E402
+from pagedkv_core.kv.registry import allocator_kind  # noqa: E402
 from pagedkv_core.config import EngineConfig, setting_spec  # noqa: E402
 from pagedkv_core.engine import Engine  # noqa: E402
-from pagedkv_core.scripted import ScriptedSource  # noqa: E402
-from pagedkv_core.waste import measure_run  # noqa: E402
-from pagedkv_core.workloads import build_workload  # noqa: E402
+from pagedkv_core.sources.scripted import ScriptedSource  # noqa: E402
+from pagedkv_core.record.waste import measure_run  # noqa: E402
+from pagedkv_core.workloads.scenarios import build_workload  # noqa: E402
 
 WORKLOADS = ("explainer40", "shared_preamble", "trickle")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -10,8 +10,8 @@ import time
 
 from benchmarks.common import print_table, write_result
 from pagedkv_core.config import EngineConfig
-from pagedkv_core.slot_state import SlotState
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.record.slot_state import SlotState
+from pagedkv_core.workloads.scenarios import build_workload
 from ui.figures import pool_heatmap, slot_hover_text, step_curves
 from ui.runs import Run, play_scripted
 

@@ -9,7 +9,7 @@ Per pool size, with LRU eviction (vLLM's) and with Belady's offline optimum:
 
 - the engine's hit rate: prompt tokens served from the prefix cache / prompt tokens of admitted
   requests (``simulate --json``'s ``prefix_cache_hit_rate``);
-- the ideal replay of the hash ids (:mod:`pagedkv_core.prefix_replay`): a block-granular cache of
+- the ideal replay of the hash ids (:mod:`pagedkv_core.workloads.prefix_replay`): a block-granular cache of
   exactly that many blocks with nothing else in it, LRU and Belady; and the unbounded bound;
 - what the pool also held: the mean share of it allocated to running sequences, and the ideal
   replays at the capacity those leave over (the pool minus that mean), which is what explains the
@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pagedkv_core import prefix_replay  # noqa: E402
 from pagedkv_core.config import EngineConfig  # noqa: E402
 from pagedkv_core.engine import Engine  # noqa: E402
-from pagedkv_core.hash_trace import (  # noqa: E402
+from pagedkv_core.workloads.hashed_log import (  # noqa: E402
     HASH_BLOCK, MOONCAKE_CONV_TRACE, hash_trace_options, hash_trace_workload, read_hash_trace,
 )
-from pagedkv_core.scripted import ScriptedSource  # noqa: E402
+from pagedkv_core.sources.scripted import ScriptedSource  # noqa: E402
 
 SCALE = 16  # --length-scale 1/16
 BLOCK_SIZE = HASH_BLOCK // SCALE  # 32: one engine block = one hash block

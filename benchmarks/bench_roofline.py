@@ -203,9 +203,9 @@ def run(quick: bool = False, rounds: int = 3, steps: int = 8, llm=None, batches=
     import torch
 
     from benchmarks.common import chat_prompt_ids
-    from pagedkv_core.model import cpu_supports_bf16
-    from pagedkv_core.model.loader import load_model
-    from pagedkv_core.prompts import CHAT_PROMPTS
+    from pagedkv_core.sources.model import cpu_supports_bf16
+    from pagedkv_core.sources.model.loader import load_model
+    from pagedkv_core.workloads.prompts import CHAT_PROMPTS
 
     torch.set_num_threads(1)
     warmup = 2

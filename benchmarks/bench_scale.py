@@ -3,7 +3,7 @@
 The Azure LLM inference trace 2023 (conversation service; ``azure-conv``: 1,000 requests,
 mean prompt about 1,000 tokens, mean answer about 250) runs on the scripted source into pools
 of 65,536, 262,144 and 1,048,576 slots, paged (block size 16) and contiguous (Orca Max), with a
-delta-encoded :class:`~pagedkv_core.recording.Recording` on. Each run is its own child process,
+delta-encoded :class:`~pagedkv_core.record.recording.Recording` on. Each run is its own child process,
 so its peak RSS is its own. Figures:
 
 - recording speed: engine steps per second with the recording on (the whole step: scheduling,
@@ -46,10 +46,10 @@ def child(pool: int, allocator: str, mode: str, max_steps: int, workload: str) -
     from benchmarks.common import peak_rss, rss_bytes
     from pagedkv_core.config import EngineConfig
     from pagedkv_core.engine import Engine
-    from pagedkv_core.recording import Recording
-    from pagedkv_core.scripted import ScriptedSource
-    from pagedkv_core.trace import TraceWriter
-    from pagedkv_core.workloads import build_workload
+    from pagedkv_core.record.recording import Recording
+    from pagedkv_core.sources.scripted import ScriptedSource
+    from pagedkv_core.record.trace_file import TraceWriter
+    from pagedkv_core.workloads.scenarios import build_workload
 
     w = build_workload(workload)
     before = rss_bytes()

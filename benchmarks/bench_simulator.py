@@ -23,12 +23,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pagedkv_core.allocator import allocator_kind  # noqa: E402
+from pagedkv_core.kv.registry import allocator_kind  # noqa: E402
 from pagedkv_core.config import EngineConfig  # noqa: E402
 from pagedkv_core.engine import Engine  # noqa: E402
 from pagedkv_core.sampling import SamplingParams  # noqa: E402
-from pagedkv_core.scripted import ScriptedSource  # noqa: E402
-from pagedkv_core.workloads import build_workload  # noqa: E402
+from pagedkv_core.sources.scripted import ScriptedSource  # noqa: E402
+from pagedkv_core.workloads.scenarios import build_workload  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "simulator.json"
 POOL_SLOTS = 2048

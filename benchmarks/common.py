@@ -14,7 +14,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-from pagedkv_core.prompts import CHAT_PROMPTS  # noqa: E402  (the same 16 questions everywhere)
+from pagedkv_core.workloads.prompts import CHAT_PROMPTS  # noqa: E402  (the same 16 questions everywhere)
 
 
 CPU_POOL_SLOTS = 2048  # every real-model benchmark's pool: 2,048 slots in blocks of 16
@@ -30,7 +30,7 @@ def cpu_llm(keep_transformers_model: bool = True):
     import torch
 
     from pagedkv_core.llm import LLM
-    from pagedkv_core.model.loader import load_model
+    from pagedkv_core.sources.model.loader import load_model
 
     torch.set_num_threads(1)
     quiet = lambda f, m: None  # noqa: E731

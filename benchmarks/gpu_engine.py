@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_engine.json"
 T0 = time.perf_counter()
 
-from pagedkv_core.prompts import CHAT_PROMPTS  # noqa: E402  (the same 16 questions everywhere)
+from pagedkv_core.workloads.prompts import CHAT_PROMPTS  # noqa: E402  (the same 16 questions everywhere)
 VARIANTS = ["", " Answer briefly.", " Explain it to a child.", " Use an example.", " Be precise.",
             " Answer in a friendly tone.", " Give some background first.", " Then summarise.",
             " Answer in two parts.", " Mention a common mistake.", " Keep it simple.", " Add a fun fact.",
@@ -171,7 +171,7 @@ def main() -> int:
     device = "cpu" if smoke else "cuda"
     if smoke:
         torch.set_num_threads(1)
-    from pagedkv_core.model.loader import load_model
+    from pagedkv_core.sources.model.loader import load_model
 
     result: dict = {
         "benchmark": "gpu_engine",

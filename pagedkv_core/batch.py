@@ -1,8 +1,8 @@
 """What the scheduler hands to a token source for one step, and the token-source contract.
 
 The scheduler and the allocators never know which token source runs: the real model
-(``pagedkv_core.model.runner.ModelRunner``) or the instant scripted one
-(``pagedkv_core.scripted.ScriptedSource``). Both implement :class:`TokenSource`.
+(``pagedkv_core.sources.model.runner.ModelRunner``) or the instant scripted one
+(``pagedkv_core.sources.scripted.ScriptedSource``). Both implement :class:`TokenSource`.
 
 KV memory is a flat array of *slots* (one slot holds the K and V of one token in every layer).
 A paged allocator groups slots into blocks of ``block_size``; slot = block_id * block_size + offset.

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 PREEMPTION_MODES = ("recompute", "swap")
-EVICTION_POLICIES = ("lru", "belady")  # pagedkv_core.eviction implements them
+EVICTION_POLICIES = ("lru", "belady")  # pagedkv_core.kv.eviction implements them
 DEFAULT_MAX_MODEL_LEN = 1 << 20
 MAX_POOL_SLOTS = 1 << 20  # 1,048,576 token slots: a large GPU's pool (Llama 3 8B fp16 on 80 GB: ~450k)
 MAX_SWAP_SLOTS = 1 << 20
@@ -103,7 +103,7 @@ class EngineConfig:
     seed: int = _setting(0, "workload and sampling seed", 0, MAX_SEED)
 
     def __post_init__(self) -> None:
-        from .allocator import ALLOCATORS  # the registry (imports the allocator modules, not the engine)
+        from .kv.registry import ALLOCATORS  # the registry (imports the allocator modules, not the engine)
 
         check = lambda name: object.__setattr__(self, name, setting_spec(name).check(getattr(self, name)))  # noqa: E731
         for name in ("block_size", "pool_slots", "watermark", "preemption", "prefix_caching", "eviction", "max_model_len",

@@ -10,7 +10,7 @@
 Invalid or never-fitting requests are not exceptions: they end as rejected, with a reason
 in their output and a ``reject`` event in the snapshot of the step they arrived in.
 
-With a :class:`~pagedkv_core.recording.Recording` (``Engine(config, source, recording=rec)``)
+With a :class:`~pagedkv_core.record.recording.Recording` (``Engine(config, source, recording=rec)``)
 every step is stored in it as a delta of what changed; ``step(snapshot=False)`` then skips the
 full copy, so a step's cost follows what it changed, not the pool's size.
 """
@@ -20,17 +20,17 @@ import heapq
 import operator
 import time
 
-from .allocator import build_allocator
+from .kv.registry import build_allocator
 from .batch import TokenSource
 from .config import MAX_ARRIVAL_STEP, EngineConfig
 from .events import REJECT, Event
-from .eviction import plan_eviction
+from .kv.eviction import plan_eviction
 from .metrics import RunStats, RunSummary, StepCounts, StepMetrics
 from .outputs import CompletionOutput, RequestOutput, TokenIds
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import FINISH_REJECTED, Request, Sequence, SequenceStatus
-from .snapshot import StepSnapshot, pool_arrays, pool_scalars, seq_arrays, take_snapshot
+from .record.snapshot import StepSnapshot, pool_arrays, pool_scalars, seq_arrays, take_snapshot
 
 
 def _is_utf8(text: str) -> bool:
@@ -307,7 +307,7 @@ class Engine:
         )
 
     def trace_header(self) -> dict:
-        """Config and request list for :func:`pagedkv_core.trace.write_trace`."""
+        """Config and request list for :func:`pagedkv_core.record.trace_file.write_trace`."""
         return {
             "config": self.config.to_dict(),
             "requests": [

@@ -7,8 +7,8 @@
     outs = llm.generate(["What is the capital of France?"], SamplingParams(max_tokens=32), chat=True)
     print(outs[0].outputs[0].text)
 
-The model is loaded once (:func:`pagedkv_core.model.loader.load_model`) and wrapped in one
-:class:`~pagedkv_core.model.runner.ModelRunner`. Each ``generate`` / ``stream`` call runs a fresh
+The model is loaded once (:func:`pagedkv_core.sources.model.loader.load_model`) and wrapped in one
+:class:`~pagedkv_core.sources.model.runner.ModelRunner`. Each ``generate`` / ``stream`` call runs a fresh
 :class:`~pagedkv_core.engine.Engine` on that runner (its pool is re-bound, so every call starts from
 an empty pool at step 0 and has its own summary). For step-by-step driving (the pages),
 :meth:`LLM.new_engine` returns such an engine; ``LLM.tokenizer`` decodes the token ids that the
@@ -20,9 +20,9 @@ Pool size, in order of precedence: ``pool_slots``; ``pool_blocks`` (x ``block_si
 and everything else on the GPU are subtracted from this fraction of its memory); by default 2,048
 slots on the CPU and a profiled 90 % of the GPU (capped at ``MAX_DEFAULT_SLOTS``) on CUDA.
 
-Nothing big happens before the settings are known to be sane: :func:`~pagedkv_core.pool_plan.preflight`
+Nothing big happens before the settings are known to be sane: :func:`~pagedkv_core.sizing.pool_plan.preflight`
 checks the device, threads, dtype, model path and the planned pools against the memory budget
-(:mod:`pagedkv_core.memory`) before torch or the weights load, and the pools are planned again
+(:mod:`pagedkv_core.sizing.memory`) before torch or the weights load, and the pools are planned again
 from the loaded model's exact bytes per token before the engine allocates them. A pool that
 does not fit is refused with its numbers (BudgetError, a ConfigError).
 """
@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterator
 
 from .config import ConfigError, EngineConfig, setting_spec
 from .engine import Engine
-from .kv_math import KVShape
+from .sizing.kv_math import KVShape
 from .outputs import CompletionOutput, RequestOutput, StreamDelta
-from .pool_plan import DEFAULT_CPU_SLOTS, ENGINE_SETTINGS, HOST_SWAP_BUDGET, PoolPlan, plan_pool, preflight
+from .sizing.pool_plan import DEFAULT_CPU_SLOTS, ENGINE_SETTINGS, HOST_SWAP_BUDGET, PoolPlan, plan_pool, preflight
 from .sampling import SamplingParams
 
 __all__ = ["LLM", "RequestOutput", "CompletionOutput", "StreamDelta", "ENGINE_SETTINGS", "DEFAULT_CPU_SLOTS",
@@ -117,7 +117,7 @@ class LLM:
     ``engine_settings`` goes to :class:`~pagedkv_core.config.EngineConfig`: any of its fields
     but the pool size (:data:`ENGINE_SETTINGS`), with the config's own defaults and bounds.
     ``loaded``: an already loaded model to reuse (skips loading); ``runner``: an existing
-    :class:`~pagedkv_core.model.runner.ModelRunner` to share (its device, dtype and weights; each
+    :class:`~pagedkv_core.sources.model.runner.ModelRunner` to share (its device, dtype and weights; each
     engine re-binds its pool, so only the latest engine on a runner may step). ``progress``: the
     loader's callback (None: a bar on stderr); ``quiet``: nothing on stderr while loading (a
     command whose stderr is not a terminal). Raises ConfigError (one line) for bad settings,
@@ -150,8 +150,8 @@ class LLM:
         else:
             shape = KVShape.from_config(loaded.config) if loaded is not None else None
             preflight(model, device, dtype, threads, kv_shape=shape, **sizing, **engine_settings)
-        from .model.loader import load_model
-        from .model.runner import ModelRunner, check_threads, resolve_device, resolve_dtype
+        from .sources.model.loader import load_model
+        from .sources.model.runner import ModelRunner, check_threads, resolve_device, resolve_dtype
 
         block_size = setting_spec("block_size").check(engine_settings.get("block_size", setting_spec("block_size").default))
         try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import itertools
 
-from .allocator import Allocator
+from .kv.protocol import Allocator
 from .batch import ScheduledBatch, SeqWork
 from .config import EngineConfig
 from .events import ADMIT, FINISH, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN, Event

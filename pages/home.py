@@ -2,7 +2,7 @@
 import pandas as pd
 import streamlit as st
 
-from pagedkv_core.kv_math import format_bytes
+from pagedkv_core.sizing.kv_math import format_bytes
 from ui import settings
 from ui.models import loaded_model, model_kv_shape
 from ui.pages_registry import lessons

@@ -7,7 +7,7 @@ import streamlit as st
 
 from pagedkv_core.config import ConfigError
 from pagedkv_core.observe.observation import UNKNOWN, load_observation
-from pagedkv_core.trace import TraceError, write_recording
+from pagedkv_core.record.trace_file import TraceError, write_recording
 from ui import export, player, workshop
 from ui import vllm_view as view
 
@@ -25,7 +25,7 @@ st.caption(
 @st.cache_resource(show_spinner=False, max_entries=1)
 def bundled_tokenizer():
     """SmolLM2's tokenizer from pagedkv's converted copy, or None when it is not converted yet."""
-    from pagedkv_core.model.loader import bundled_gguf_path, gguf_cache_dir
+    from pagedkv_core.sources.model.loader import bundled_gguf_path, gguf_cache_dir
 
     folder = gguf_cache_dir(bundled_gguf_path())
     if not (folder / "tokenizer.json").exists():

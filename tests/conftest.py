@@ -118,7 +118,7 @@ def pytest_runtest_logreport(report):
 
 def machine_lines() -> list[str]:
     """The CPU model, its cores and which of :data:`CPU_FLAGS` it has (read from /proc/cpuinfo)."""
-    from pagedkv_core.model import _cpuinfo_flags, cpu_supports_bf16
+    from pagedkv_core.sources.model import _cpuinfo_flags, cpu_supports_bf16
 
     model = "unknown"
     try:

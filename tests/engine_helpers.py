@@ -5,11 +5,11 @@ import numpy as np
 
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.kv_oracle import KVOracleSource
+from pagedkv_core.sources.oracle import KVOracleSource
 from pagedkv_core.sampling import SamplingParams
-from pagedkv_core.scripted import ScriptedSource, scripted_token
+from pagedkv_core.sources.scripted import ScriptedSource, scripted_token
 from pagedkv_core.sequence import Request, Sequence
-from pagedkv_core.slot_state import SlotState
+from pagedkv_core.record.slot_state import SlotState
 
 
 def make_engine(checked: bool = True, **config) -> Engine:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv_core.allocator import ALLOCATORS, CONTIGUOUS_POLICIES, allocator_kind, build_allocator
+from pagedkv_core.kv.registry import ALLOCATORS, CONTIGUOUS_POLICIES, allocator_kind, build_allocator
 from pagedkv_core.config import ConfigError, EngineConfig
-from pagedkv_core.contiguous_best_fit import BestFitContiguousAllocator
+from pagedkv_core.kv.contiguous_best_fit import BestFitContiguousAllocator
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.scenarios import build_workload
 
 from .engine_helpers import add, lone_sequence, make_engine, run_checked, streams
 

@@ -19,9 +19,9 @@ import pytest
 
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.trace import write_trace
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.trace_file import write_trace
+from pagedkv_core.workloads.scenarios import build_workload
 from tests.apptest import app, open_page, uploader
 
 POOL_PAGE = "pages/reserve_or_page.py"

@@ -4,9 +4,9 @@ import pytest
 
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.trace import write_trace
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.trace_file import write_trace
+from pagedkv_core.workloads.scenarios import build_workload
 from ui.figures import color_codes
 from ui.pool_cells import figure_cells
 from tests.apptest import app, figure, open_page, plotly_array, uploader

@@ -9,9 +9,9 @@ import pytest
 
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.trace_prompts import PromptBuilder, passages, trace_requests
-from pagedkv_core.workloads import (
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.log_prompts import PromptBuilder, passages, trace_requests
+from pagedkv_core.workloads.scenarios import (
     AZURE_CONV_TRACE,
     DATA_DIR,
     WORKLOADS,
@@ -206,8 +206,8 @@ def test_live_pair_replays_the_traces_lengths_on_the_real_model():
     """Reserve or page's SmolLM2 source with an azure-conv workload: the first 16 requests of the
     shipped trace at 1/8 of their lengths, exact prompt lengths, answers of exactly the scaled
     length (ignore_eos)."""
-    from pagedkv_core.model.loader import load_model
-    from pagedkv_core.workloads import DATA_DIR, read_trace_rows, scale_length
+    from pagedkv_core.sources.model.loader import load_model
+    from pagedkv_core.workloads.scenarios import DATA_DIR, read_trace_rows, scale_length
     from ui.runs import LIVE_TRACE_SCALE, live_requests
 
     tok = load_model(progress=lambda f, m: None).tokenizer

@@ -7,10 +7,10 @@ import pytest
 
 from pagedkv_core.config import EngineConfig, setting_spec
 from pagedkv_core.engine import Engine
-from pagedkv_core.recording import Recording
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.waste import CLASSES, measure_run
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.record.recording import Recording
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.waste import CLASSES, measure_run
+from pagedkv_core.workloads.scenarios import build_workload
 from tests.apptest import figure, open_page, plotly_array
 from ui.lessons.baselines import ALLOCATORS, PAPER_TOKEN_SHARE
 from ui.pool_cells import cell_codes, figure_cells, pool_cells

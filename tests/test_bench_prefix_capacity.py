@@ -12,8 +12,8 @@ import pytest
 
 from benchmarks import bench_prefix_capacity as bench
 from benchmarks.report import build_table
-from pagedkv_core.hash_trace import MOONCAKE_CONV_TRACE, read_hash_trace
-from pagedkv_core.prefix_replay import replay, requests_from_rows
+from pagedkv_core.workloads.hashed_log import MOONCAKE_CONV_TRACE, read_hash_trace
+from pagedkv_core.workloads.prefix_replay import replay, requests_from_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -57,7 +57,7 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 @pytest.fixture(scope="module")
 def loaded():
-    from pagedkv_core.model.loader import load_model
+    from pagedkv_core.sources.model.loader import load_model
 
     before = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get("PAGEDKV_TEST_THREADS", "1")))
@@ -107,7 +107,7 @@ def test_bf16_greedy_agrees_with_transformers_bf16(runs, record_property):
                     reason="this CPU does not compute bf16 natively (no AVX512-BF16 or AMX-BF16): "
                            "oneDNN's bf16 GEMM self-test fails there and the runner keeps plain linears")
 def test_bf16_runner_packs_its_linears_for_onednn(runs, loaded):
-    from pagedkv_core.model.runner import ModelRunner
+    from pagedkv_core.sources.model.runner import ModelRunner
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("torch built without oneDNN")

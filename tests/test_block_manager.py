@@ -1,12 +1,12 @@
 """Paged allocator: block tables, prefix cache, fork, copy-on-write, swap, watermark."""
 from __future__ import annotations
 
-from pagedkv_core.block_manager import BlockManager
+from pagedkv_core.kv.paged import BlockManager
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.events import CACHE_HIT, COW, FORK
-from pagedkv_core.prefix_hash import NO_HASH
+from pagedkv_core.kv.prefix_hash import NO_HASH
 from pagedkv_core.sequence import Sequence
-from pagedkv_core.slot_state import SlotState
+from pagedkv_core.record.slot_state import SlotState
 
 from .engine_helpers import lone_sequence
 

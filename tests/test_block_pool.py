@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkv_core.block_pool import Block, BlockPool, FreeBlockQueue, HostPool
-from pagedkv_core.prefix_hash import NO_HASH, extend_block_hashes, hash_block
+from pagedkv_core.kv.block_pool import Block, BlockPool, FreeBlockQueue, HostPool
+from pagedkv_core.kv.prefix_hash import NO_HASH, extend_block_hashes, hash_block
 
 
 def ids(queue: FreeBlockQueue) -> list[int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv_core.allocator import ALLOCATORS
-from pagedkv_core.snapshot import BLOCK_ARRAYS, SLOT_ARRAYS
+from pagedkv_core.kv.registry import ALLOCATORS
+from pagedkv_core.record.snapshot import BLOCK_ARRAYS, SLOT_ARRAYS
 
 from .engine_helpers import add, make_engine
 

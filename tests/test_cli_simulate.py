@@ -10,7 +10,7 @@ import pytest
 
 from pagedkv_core.cli import add_engine_args, config_from_args, main
 from pagedkv_core import events
-from pagedkv_core.trace import read_trace
+from pagedkv_core.record.trace_file import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = {
@@ -197,7 +197,7 @@ def test_flag_defaults_and_help_come_from_the_config():
     import argparse
     import dataclasses
 
-    from pagedkv_core.allocator import ALLOCATORS
+    from pagedkv_core.kv.registry import ALLOCATORS
     from pagedkv_core.cli.flags import NOT_FLAGS, engine_settings
     from pagedkv_core.config import EngineConfig, setting_spec
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from pagedkv_core.config import EngineConfig
-from pagedkv_core.contiguous import ContiguousAllocator
-from pagedkv_core.slot_state import SlotState
+from pagedkv_core.kv.contiguous import ContiguousAllocator
+from pagedkv_core.record.slot_state import SlotState
 
 from .engine_helpers import add, lone_sequence, make_engine, run_checked
 

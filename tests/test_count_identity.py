@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv_core.allocator import ALLOCATORS, allocator_class
+from pagedkv_core.kv.registry import ALLOCATORS, allocator_class
 from pagedkv_core.config import PREEMPTION_MODES, EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.recording import Recording
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.workloads import WORKLOADS, build_workload, parse_workload
+from pagedkv_core.record.recording import Recording
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.scenarios import WORKLOADS, build_workload, parse_workload
 
 COUNTS = ("num_running", "num_waiting", "num_swapped", "num_finished", "num_rejected")
 BIG = "azure-conv"  # 1,000 requests, 5,000-9,000 steps a run: its paged and Orca Max runs only

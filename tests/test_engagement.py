@@ -17,9 +17,9 @@ import pytest
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.events import APPEND, COW, FINISH
-from pagedkv_core.kv_math import KVShape
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.sizing.kv_math import KVShape
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.scenarios import build_workload
 from tests.apptest import figure, open_page, plotly_array
 from tests.test_teaching_pages import CharTokenizer
 from ui import costs, export, guide, player, predict, run_events

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pagedkv_core import events
-from pagedkv_core.allocator import ALLOCATORS, allocator_kind
+from pagedkv_core.kv.registry import ALLOCATORS, allocator_kind
 from pagedkv_core.config import PREEMPTION_MODES
 
 from .engine_helpers import add, check_snapshot, expected_stream, make_engine

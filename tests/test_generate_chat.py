@@ -70,8 +70,8 @@ def _generate(tmp_path, capsys, items, *extra) -> dict:
 def test_sequential_chat_items_hit_the_previous_requests_blocks(tmp_path, capsys):
     from transformers import AutoTokenizer
 
-    from pagedkv_core.model.loader import convert_once, gguf_cache_dir, resolve_source
-    from pagedkv_core.trace import read_trace
+    from pagedkv_core.sources.model.loader import convert_once, gguf_cache_dir, resolve_source
+    from pagedkv_core.record.trace_file import read_trace
 
     source = resolve_source(None)
     convert_once(source)

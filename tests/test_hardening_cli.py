@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from pagedkv_core.config import MAX_ARRIVAL_STEP, MAX_POOL_SLOTS, MAX_TOKEN_ID
-from pagedkv_core.pool_plan import gpu_driver_present
+from pagedkv_core.sizing.pool_plan import gpu_driver_present
 from pagedkv_core.sampling import MAX_SAMPLES
-from pagedkv_core.workloads import MAX_JSON_DEPTH, MAX_OUTPUT_LEN, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_WORKLOAD_TOKENS
+from pagedkv_core.workloads.scenarios import MAX_JSON_DEPTH, MAX_OUTPUT_LEN, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_WORKLOAD_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
 # No wall-clock limit on a clean error (the suite runs on machines of any speed): "at once" is

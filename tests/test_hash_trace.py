@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from pagedkv_core import hash_trace, workloads
-from pagedkv_core.block_pool import BlockPool
+from pagedkv_core.kv.block_pool import BlockPool
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.eviction import BeladyEviction, NEVER
-from pagedkv_core.hash_trace import (
+from pagedkv_core.kv.eviction import BeladyEviction, NEVER
+from pagedkv_core.workloads.hashed_log import (
     MOONCAKE_CONV_TRACE,
     block_size_problem,
     dividing_block_sizes,
@@ -33,10 +33,10 @@ from pagedkv_core.hash_trace import (
     read_hash_trace,
     token_run,
 )
-from pagedkv_core.prefix_hash import extend_block_hashes
-from pagedkv_core.prefix_replay import ReplayRequest, replay, requests_from_rows
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.workloads import load_workload_file, workload_from_bytes
+from pagedkv_core.kv.prefix_hash import extend_block_hashes
+from pagedkv_core.workloads.prefix_replay import ReplayRequest, replay, requests_from_rows
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.scenarios import load_workload_file, workload_from_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALE = 1 / 16  # a hash block of 32 tokens

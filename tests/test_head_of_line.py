@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv_core.allocator import CONTIGUOUS_POLICIES
+from pagedkv_core.kv.registry import CONTIGUOUS_POLICIES
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.events import ADMIT
-from pagedkv_core.recording import Recording
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.slot_state import SlotState
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.record.recording import Recording
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.slot_state import SlotState
+from pagedkv_core.workloads.scenarios import build_workload
 
 
 @pytest.mark.parametrize("allocator", sorted(CONTIGUOUS_POLICIES.values()) + ["contiguous-best-fit"])

@@ -12,7 +12,7 @@ import pytest
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.sampling import SamplingParams
-from pagedkv_core.scripted import ScriptedSource
+from pagedkv_core.sources.scripted import ScriptedSource
 from ui.live_stepper import GuardedRecording, LiveStepper
 from ui.models import CoreShare, CoreSharingSource
 from ui.runs import LIVE_BATCH_TOKENS, Run

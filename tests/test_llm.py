@@ -29,7 +29,7 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS)
 
 @pytest.fixture(scope="module")
 def loaded():
-    from pagedkv_core.model.loader import load_model
+    from pagedkv_core.sources.model.loader import load_model
 
     # One torch thread: predictable on a 2-core CI runner, and immune to the oversubscription
     # slowdowns of several OpenMP threads sharing busy cores. PAGEDKV_TEST_THREADS overrides.
@@ -263,7 +263,7 @@ def test_cli_generate_json(tmp_path, capsys):
     for key in ("tokens_generated", "elapsed_s", "tokens_per_s", "steps", "preemptions", "peak_running",
                 "mean_token_utilization", "prefix_cache_hit_rate"):
         assert key in data["summary"]
-    from pagedkv_core.trace import read_trace
+    from pagedkv_core.record.trace_file import read_trace
 
     header, snaps = read_trace(tmp_path / "t.jsonl")
     assert len(snaps) == data["summary"]["steps"]

@@ -3,9 +3,9 @@ import importlib.metadata
 
 import pytest
 
-from pagedkv_core.kv_math import KVShape, dtype_bytes, format_bytes
-from pagedkv_core.model import loader
-from pagedkv_core.model.loader import ModelLoadError, bundled_gguf_path, resolve_source
+from pagedkv_core.sizing.kv_math import KVShape, dtype_bytes, format_bytes
+from pagedkv_core.sources.model import loader
+from pagedkv_core.sources.model.loader import ModelLoadError, bundled_gguf_path, resolve_source
 
 SMOLLM2 = KVShape(name="SmolLM2-135M", num_layers=30, num_kv_heads=3, head_dim=64, num_heads=9)
 

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from pagedkv_core.cli.generate import load_prompts
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.trace import TraceError, TraceWriter, load_recording
-from pagedkv_core.workloads import parse_workload, workload_from_bytes
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.trace_file import TraceError, TraceWriter, load_recording
+from pagedkv_core.workloads.scenarios import parse_workload, workload_from_bytes
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 EXAMPLES = int(os.environ.get("PAGEDKV_MALFORMED_EXAMPLES", "300"))  # per file kind; more for a soak run

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pagedkv_core.config import ConfigError
-from pagedkv_core.memory import BudgetError, ByteCache, check_fits, kv_pool_bytes, parse_size, session_budget
+from pagedkv_core.sizing.memory import BudgetError, ByteCache, check_fits, kv_pool_bytes, parse_size, session_budget
 
 
 def test_cache_evicts_least_recently_used_by_bytes():

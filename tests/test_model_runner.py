@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pagedkv_core.batch import ScheduledBatch, SeqWork
-from pagedkv_core.model.sampler import sample, uniform, Draw
+from pagedkv_core.sources.model.sampler import sample, uniform, Draw
 from pagedkv_core.sampling import SamplingParams
 
 CHATS = [
@@ -23,7 +23,7 @@ GREEDY = SamplingParams(max_tokens=16)
 
 @pytest.fixture(scope="module")
 def loaded():
-    from pagedkv_core.model.loader import load_model
+    from pagedkv_core.sources.model.loader import load_model
 
     before = torch.get_num_threads()  # one thread: see tests/test_llm.py
     torch.set_num_threads(int(os.environ.get("PAGEDKV_TEST_THREADS", "1")))
@@ -33,7 +33,7 @@ def loaded():
 
 @pytest.fixture(scope="module")
 def runner(loaded):
-    from pagedkv_core.model.runner import ModelRunner
+    from pagedkv_core.sources.model.runner import ModelRunner
 
     return ModelRunner(loaded, device="cpu")
 
@@ -228,7 +228,7 @@ def test_sampler_draws_depend_only_on_seed_index_position():
 
 
 def test_greedy_tokens_equal_argmax_ties_and_nan_included():
-    from pagedkv_core.model.sampler import greedy_tokens
+    from pagedkv_core.sources.model.sampler import greedy_tokens
 
     g = torch.Generator().manual_seed(0)
     for trial in range(40):
@@ -311,7 +311,7 @@ def test_cache_writer_plan_skips_minus_one_in_every_layer():
 
 
 def test_threads_must_fit_the_machine():
-    from pagedkv_core.model.runner import ModelRunner
+    from pagedkv_core.sources.model.runner import ModelRunner
 
     before = torch.get_num_threads()
     cores = os.cpu_count() or 1
@@ -323,7 +323,7 @@ def test_threads_must_fit_the_machine():
 
 
 def test_session_threads_split_the_cores_without_oversubscribing():
-    from pagedkv_core.model.runner import available_cores, session_threads
+    from pagedkv_core.sources.model.runner import available_cores, session_threads
 
     assert session_threads(1, cores=16) == 16
     assert session_threads(3, cores=16) == 5

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from pagedkv_core.model.loader import bundled_gguf_path, load_model
+from pagedkv_core.sources.model.loader import bundled_gguf_path, load_model
 
 pytestmark = pytest.mark.slow
 

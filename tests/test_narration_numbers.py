@@ -25,8 +25,8 @@ import pytest
 
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.workloads import (AZURE_CONV_SMALL_OPTIONS, AZURE_CONV_TRACE, TraceOptions, build_workload,
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.scenarios import (AZURE_CONV_SMALL_OPTIONS, AZURE_CONV_TRACE, TraceOptions, build_workload,
                                     trace_workload)
 from tests.test_teaching_pages import CharTokenizer
 from ui import costs, guide

@@ -29,9 +29,9 @@ from pagedkv_core.observe.wire import (
     seq_bytes,
     signed_hash,
 )
-from pagedkv_core.prefix_hash import NO_HASH, hash_block
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.kv.prefix_hash import NO_HASH, hash_block
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.scenarios import build_workload
 
 MAX_POLLS = 400  # x 50 ms: a generous bound on waiting for a loopback message
 

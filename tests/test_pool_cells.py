@@ -12,9 +12,9 @@ import pytest
 
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.slot_state import SlotState
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.slot_state import SlotState
+from pagedkv_core.workloads.scenarios import build_workload
 from ui.pool_cells import (
     MAX_GROUPS, NUM_STATES, TEXT_CELLS, cell_codes, cell_size, pool_cells, pool_heatmap, window_label,
     zoom_windows,

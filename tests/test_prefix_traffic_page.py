@@ -5,8 +5,8 @@ one figure a slide, and the page is in the navigation and on Home.
 The page's window (2,000 requests of the shipped Mooncake trace) runs once per process (cached)."""
 import pytest
 
-from pagedkv_core.hash_trace import MOONCAKE_CONV_TRACE, read_hash_trace
-from pagedkv_core.prefix_replay import replay, requests_from_rows
+from pagedkv_core.workloads.hashed_log import MOONCAKE_CONV_TRACE, read_hash_trace
+from pagedkv_core.workloads.prefix_replay import replay, requests_from_rows
 from tests.apptest import figure, open_page, plotly_array, walk_guide
 from ui.lessons import prefix_traffic as lesson
 from ui.pages_registry import lessons
@@ -68,7 +68,7 @@ def test_belady_on_the_engine_beats_lru():
 
 
 def test_coarsened_keys_chain_whole_groups():
-    from pagedkv_core.prefix_replay import ReplayRequest
+    from pagedkv_core.workloads.prefix_replay import ReplayRequest
 
     r = ReplayRequest((10, 11, 12, 13, 14), 5 * 32 - 7)
     assert lesson.coarsened([r], 2) == [ReplayRequest((11, 13, 14), r.num_tokens)]
@@ -76,7 +76,7 @@ def test_coarsened_keys_chain_whole_groups():
 
 
 def test_shared_prefixes_from_hash_ids():
-    from pagedkv_core.hash_trace import HashTraceRow
+    from pagedkv_core.workloads.hashed_log import HashTraceRow
 
     rows = [HashTraceRow(1, 0.0, 1500, 1, (0, 1, 2)), HashTraceRow(2, 1.0, 1100, 1, (0, 1, 3)),
             HashTraceRow(3, 2.0, 600, 1, (0, 4)), HashTraceRow(4, 3.0, 1500, 1, (0, 1, 2))]

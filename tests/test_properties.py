@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedkv_core.slot_state import SlotState
+from pagedkv_core.record.slot_state import SlotState
 
 from .engine_helpers import add, expected_stream, make_engine, run_checked, streams
 

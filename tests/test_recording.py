@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedkv_core.allocator import ALLOCATORS
+from pagedkv_core.kv.registry import ALLOCATORS
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.recording import (
+from pagedkv_core.record.recording import (
     MAX_KEYFRAME_EVERY,
     MIN_KEYFRAME_EVERY,
     Recording,
@@ -19,11 +19,11 @@ from pagedkv_core.recording import (
     delta_from_ranges,
     range_indices,
 )
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.slot_state import SlotState
-from pagedkv_core.snapshot import BLOCK_ARRAYS, SEQ_ARRAYS, TABLE_ARRAYS
-from pagedkv_core.step_codec import STEP_FIELDS, unpack
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.slot_state import SlotState
+from pagedkv_core.record.snapshot import BLOCK_ARRAYS, SEQ_ARRAYS, TABLE_ARRAYS
+from pagedkv_core.record.step_codec import STEP_FIELDS, unpack
+from pagedkv_core.workloads.scenarios import build_workload
 
 from .engine_helpers import add
 from .test_properties import SETTINGS, engine_configs, requests
@@ -210,7 +210,7 @@ def table_histories(draw):
 
 
 def history_snapshot(step: int, live, tables, queues, rows):
-    from pagedkv_core.snapshot import StepSnapshot
+    from pagedkv_core.record.snapshot import StepSnapshot
 
     n = len(live)
     lengths = [len(tables[s]) for s in live]

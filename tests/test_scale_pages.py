@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pagedkv_core.allocator import CONTIGUOUS_POLICIES
+from pagedkv_core.kv.registry import CONTIGUOUS_POLICIES
 from pagedkv_core.config import EngineConfig, setting_spec
 from pagedkv_core.engine import Engine
-from pagedkv_core.memory import BudgetError, process_budget
-from pagedkv_core.recording import pool_bytes
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.trace import load_recording, write_recording
-from pagedkv_core.workloads import AZURE_CONV_TRACE, build_workload, workload_from_bytes
+from pagedkv_core.sizing.memory import BudgetError, process_budget
+from pagedkv_core.record.recording import pool_bytes
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.trace_file import load_recording, write_recording
+from pagedkv_core.workloads.scenarios import AZURE_CONV_TRACE, build_workload, workload_from_bytes
 from tests.apptest import figure, open_page, uploader
 from ui import settings
 from ui.models import EngineFactory

@@ -8,9 +8,9 @@ import pytest
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.events import ADMIT, PREEMPT_RECOMPUTE, PREEMPT_SWAP
-from pagedkv_core.kv_oracle import KVOracleSource
+from pagedkv_core.sources.oracle import KVOracleSource
 from pagedkv_core.sampling import SamplingParams
-from pagedkv_core.scripted import ScriptedSource, scripted_token
+from pagedkv_core.sources.scripted import ScriptedSource, scripted_token
 from pagedkv_core.sequence import SequenceStatus
 
 from .engine_helpers import add, expected_stream, make_engine, run_checked, streams

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from pagedkv_core.sequence import SequenceStatus
-from pagedkv_core.slot_state import SlotState
-from pagedkv_core.snapshot import StepSnapshot
-from pagedkv_core.trace import TraceError, read_trace, write_trace
+from pagedkv_core.record.slot_state import SlotState
+from pagedkv_core.record.snapshot import StepSnapshot
+from pagedkv_core.record.trace_file import TraceError, read_trace, write_trace
 
 from .engine_helpers import add, make_engine, run_checked
 

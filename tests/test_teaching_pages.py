@@ -9,7 +9,7 @@ import pytest
 
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
+from pagedkv_core.sources.scripted import ScriptedSource
 from tests.apptest import figure, open_page, plotly_array, walk_guide
 from ui.pool_cells import figure_cells
 

@@ -16,12 +16,12 @@ from pagedkv_core import replay, trace
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.metrics import StepMetrics
-from pagedkv_core.recording import Recording
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.slot_state import SLOT_STATE_NAMES, SlotState
-from pagedkv_core.step_codec import KEYFRAME_FIELDS, STEP_FIELDS, pack, unpack
-from pagedkv_core.trace import TraceError, TraceWriter, load_recording, read_trace, write_recording, write_trace
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.record.recording import Recording
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.slot_state import SLOT_STATE_NAMES, SlotState
+from pagedkv_core.record.step_codec import KEYFRAME_FIELDS, STEP_FIELDS, pack, unpack
+from pagedkv_core.record.trace_file import TraceError, TraceWriter, load_recording, read_trace, write_recording, write_trace
+from pagedkv_core.workloads.scenarios import build_workload
 
 
 def engine_for(name: str, recording=None, **config) -> Engine:

@@ -12,9 +12,9 @@ from pagedkv_core.observe.observer import Observer
 from pagedkv_core.observe.publisher import EngineKVEvents, KVEventPublisher
 from pagedkv_core.observe.server_metrics import MetricsSample
 from pagedkv_core.observe.subscriber import Subscriber
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.trace import TraceWriter
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.trace_file import TraceWriter
+from pagedkv_core.workloads.scenarios import build_workload
 from tests.apptest import figure, open_page, plotly_array, uploader
 from tests.test_observe import MAX_POLLS, _connect, _wait
 from tests.test_observe_cli import fake_vllm

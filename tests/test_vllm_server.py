@@ -1,4 +1,4 @@
-"""pagedkv_core/vllm_server.py without vLLM: a stand-in interpreter plays the server, so that the
+"""pagedkv_core/observe/vllm_server.py without vLLM: a stand-in interpreter plays the server, so that the
 start, the progress-bounded wait and the process-group stop are checked in ``make test``.
 
 The stand-in (``venv/bin/python``) takes vLLM's command line, logs a line, starts a child of its
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv_core.vllm_server import VLLMServer, VLLMServerError, _group_alive, omp_bind
+from pagedkv_core.observe.vllm_server import VLLMServer, VLLMServerError, _group_alive, omp_bind
 from tests.browser import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,12 +126,12 @@ def test_a_missing_venv_says_to_run_make_vllm(tmp_path):
 
 
 def test_the_command_stops_the_server_on_sigterm(venv, tmp_path):
-    """``make vllm`` (``python -m pagedkv_core.vllm_server``) started from a script: SIGTERM stops
+    """``make vllm`` (``python -m pagedkv_core.observe.vllm_server``) started from a script: SIGTERM stops
     the server's whole process group and the command ends."""
     port = free_port()
     log = tmp_path / "server.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pagedkv_core.vllm_server", "--port", str(port), "--events-port", str(free_port()),
+        [sys.executable, "-m", "pagedkv_core.observe.vllm_server", "--port", str(port), "--events-port", str(free_port()),
          "--replay-port", str(free_port()), "--venv", str(venv), "--log", str(log)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "STAND_IN_MODE": "serve"})

@@ -1,16 +1,16 @@
-"""The memory-waste breakdown (pagedkv_core/waste.py) against slot-level ground truth."""
+"""The memory-waste breakdown (pagedkv_core/record/waste.py) against slot-level ground truth."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pagedkv_core.allocator import ALLOCATORS
+from pagedkv_core.kv.registry import ALLOCATORS
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.slot_state import SlotState
-from pagedkv_core.waste import CLASSES, WasteAccumulator, final_written, measure_run, waste_breakdown
-from pagedkv_core.workloads import build_workload, parse_workload
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.slot_state import SlotState
+from pagedkv_core.record.waste import CLASSES, WasteAccumulator, final_written, measure_run, waste_breakdown
+from pagedkv_core.workloads.scenarios import build_workload, parse_workload
 
 FILLED, EMPTY, SHARED = int(SlotState.FILLED), int(SlotState.EMPTY), int(SlotState.SHARED)
 FREE, CACHED, FRAGMENT = int(SlotState.FREE), int(SlotState.CACHED), int(SlotState.FRAGMENT)

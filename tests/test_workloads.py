@@ -9,8 +9,8 @@ import pytest
 
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.workloads import (
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.scenarios import (
     EXPLAINER_MAX_TOKENS,
     MAX_TRACE_REQUESTS,
     WORKLOADS,

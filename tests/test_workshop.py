@@ -10,7 +10,7 @@ import pytest
 from streamlit import config as st_config
 
 from pagedkv_core.config import ConfigError
-from pagedkv_core.memory import parse_size, session_budget
+from pagedkv_core.sizing.memory import parse_size, session_budget
 from tests.apptest import ROOT, app, open_page, uploader
 from ui import serve, sessions, workshop
 

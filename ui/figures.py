@@ -14,7 +14,7 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 
-from pagedkv_core.slot_state import SlotState
+from pagedkv_core.record.slot_state import SlotState
 from ui.pool_cells import (  # the colours and words every pool figure shares
     CACHED_COLOR, EMPTY_COLOR, FRAGMENT_COLOR, FREE_COLOR, LEGEND, NUM_CODES, REQUEST_COLORS, STATE_NAMES,
     STATE_WORDS, PoolCells, pool_cells,

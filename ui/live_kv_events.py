@@ -38,7 +38,7 @@ def sink_for(config):
     ep = endpoint()
     if ep is None:
         return None
-    from pagedkv_core.allocator import allocator_kind
+    from pagedkv_core.kv.registry import allocator_kind
     from pagedkv_core.config import ConfigError
     from pagedkv_core.observe.publisher import EngineKVEvents
 

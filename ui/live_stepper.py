@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from pagedkv_core.recording import Recording
+from pagedkv_core.record.recording import Recording
 
 ADVANCE_TIMEOUT_S = 60.0  # the longest a page waits for a step it asked for (a first prefill on a busy machine)
 
@@ -37,7 +37,7 @@ def forward_pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            from pagedkv_core.model.runner import available_cores
+            from pagedkv_core.sources.model.runner import available_cores
 
             _POOL = ThreadPoolExecutor(max_workers=available_cores(), thread_name_prefix="pagedkv-forward")
         return _POOL

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import streamlit as st
 
-from pagedkv_core.allocator import allocator_kind
+from pagedkv_core.kv.registry import allocator_kind
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
-from pagedkv_core.kv_math import KVShape, format_bytes
-from pagedkv_core.memory import check_fits, kv_pool_bytes, session_budget
-from pagedkv_core.model.loader import ModelLoadError, convert_once, gguf_cache_dir, load_model, resolve_source
+from pagedkv_core.sizing.kv_math import KVShape, format_bytes
+from pagedkv_core.sizing.memory import check_fits, kv_pool_bytes, session_budget
+from pagedkv_core.sources.model.loader import ModelLoadError, convert_once, gguf_cache_dir, load_model, resolve_source
 from ui import live_kv_events
 
 
@@ -83,7 +83,7 @@ ACTIVE_WINDOW_S = 2.0  # an engine that stepped this recently still counts as us
 def bf16_offered() -> bool:
     """Whether the sidebar offers bf16: the CPU computes it natively (read from its flags, without
     importing torch). On a GPU the model runs in bf16 whatever the sidebar says."""
-    from pagedkv_core.model import cpu_supports_bf16
+    from pagedkv_core.sources.model import cpu_supports_bf16
 
     return cpu_supports_bf16()
 
@@ -98,7 +98,7 @@ def runner_dtype() -> str | None:
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _base_runner(model_path: str, dtype: str | None = None):
-    from pagedkv_core.model.runner import ModelRunner
+    from pagedkv_core.sources.model.runner import ModelRunner
 
     lm = _load_cached(model_path)
     # The GPU when there is one (bf16, Triton kernels), else the CPU (fp32 unless ``dtype``).
@@ -108,7 +108,7 @@ def _base_runner(model_path: str, dtype: str | None = None):
 class CoreShare:
     """How many torch threads one forward may use: the cores split evenly among the model
     engines that stepped in the last ``window_s`` seconds, in every session of this process
-    (:func:`pagedkv_core.model.runner.session_threads`). One live pair alone on two cores: one
+    (:func:`pagedkv_core.sources.model.runner.session_threads`). One live pair alone on two cores: one
     thread each, the two forwards side by side; the Live engine page's single engine: both."""
 
     def __init__(self, window_s: float = ACTIVE_WINDOW_S, clock=time.monotonic, cores: int | None = None):
@@ -126,7 +126,7 @@ class CoreShare:
 
     def threads_for(self, who: object) -> int:
         """Threads for ``who``'s forward now; counts ``who`` as stepping."""
-        from pagedkv_core.model.runner import session_threads
+        from pagedkv_core.sources.model.runner import session_threads
 
         now = self._clock()
         with self._lock:
@@ -173,7 +173,7 @@ class EngineFactory:
     of the swap pool, at the model's bytes per token), and an engine whose pools would not fit the
     session's memory budget is refused with the numbers (BudgetError, a ConfigError)."""
 
-    runner: object  # pagedkv_core.model.runner.ModelRunner
+    runner: object  # pagedkv_core.sources.model.runner.ModelRunner
     tokenizer: object
     cores: CoreShare | None = field(default=None, compare=False)  # None: torch's own thread count
 

@@ -35,7 +35,7 @@ far fewer numbers, so a per-slot window may hold 16,384 cells. When a figure's h
 still pass :data:`HOVER_BYTES`, the detail fields (offsets within blocks and reservations, block
 ranges) are left out rather than the budget broken.
 
-How a page uses it (``snap`` a :class:`~pagedkv_core.snapshot.StepSnapshot`)::
+How a page uses it (``snap`` a :class:`~pagedkv_core.record.snapshot.StepSnapshot`)::
 
     windows = zoom_windows(snap.num_slots, snap.block_size)      # [(0, 16384), (16384, 32768), ...]
     window = None
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 import plotly.graph_objects as go
 
-from pagedkv_core.slot_state import SLOT_STATE_NAMES, SlotState
+from pagedkv_core.record.slot_state import SLOT_STATE_NAMES, SlotState
 
 MAX_CELLS = 16_384  # a window up to this many slots is drawn one cell per slot
 MAX_GROUPS = 4_096  # a larger window is drawn in at most this many cells of whole blocks
@@ -524,7 +524,7 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
     ``request_ids``: request index -> id, named in the hover of up to :data:`TEXT_CELLS` per-slot
     cells (beyond that the hover shows the request index). ``token_text``: a callable or mapping from
     token id to text (the real model), shown likewise; beyond it the hover shows token ids.
-    ``snapshot``: the :class:`~pagedkv_core.snapshot.StepSnapshot` the cells came from, for the
+    ``snapshot``: the :class:`~pagedkv_core.record.snapshot.StepSnapshot` the cells came from, for the
     per-slot hover's tokens, ref counts and reservations (without it those are left out)."""
     if isinstance(token_text, Mapping):
         token_text = token_text.get

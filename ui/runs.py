@@ -2,12 +2,12 @@
 real-model runs (stepped by the page), and uploaded traces. Allocation always happens in
 ``pagedkv_core``; this module only drives the engine's public API and keeps what it records.
 
-Memory. A run keeps its steps as a delta-encoded :class:`~pagedkv_core.recording.Recording`
+Memory. A run keeps its steps as a delta-encoded :class:`~pagedkv_core.record.recording.Recording`
 (what changed each step, a keyframe every K steps), never one full snapshot per step, and every
 run knows its size in bytes (:attr:`Run.nbytes`). Finished scripted runs are kept once per
-process in a :class:`~pagedkv_core.memory.ByteCache` of :func:`~pagedkv_core.memory.process_budget`
+process in a :class:`~pagedkv_core.sizing.memory.ByteCache` of :func:`~pagedkv_core.sizing.memory.process_budget`
 bytes, so visitors share them; live runs and uploaded traces are kept per browser session in one
-of :func:`~pagedkv_core.memory.session_budget` bytes. Both evict the least recently used runs by
+of :func:`~pagedkv_core.sizing.memory.session_budget` bytes. Both evict the least recently used runs by
 bytes. A run is refused before it starts when its fixed part (the engine's arrays, the
 recording's keyframe and working states, and a real model's KV pool) would not fit its share of
 the session budget, and stopped, saying so, when its recording grows past that share.
@@ -25,18 +25,18 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from pagedkv_core.allocator import CONTIGUOUS_POLICIES, allocator_kind
+from pagedkv_core.kv.registry import CONTIGUOUS_POLICIES, allocator_kind
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.events import Event
-from pagedkv_core.kv_math import format_bytes
-from pagedkv_core.memory import BudgetError, ByteCache, check_fits, process_budget, session_budget
-from pagedkv_core.recording import Recording, pool_bytes
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.snapshot import ARRAY_FIELDS, StepSnapshot
-from pagedkv_core.trace import TraceError, load_recording, write_recording
-from pagedkv_core.waste import WasteAccumulator, final_written
-from pagedkv_core.workloads import Workload, build_workload, workload_from_bytes
+from pagedkv_core.sizing.kv_math import format_bytes
+from pagedkv_core.sizing.memory import BudgetError, ByteCache, check_fits, process_budget, session_budget
+from pagedkv_core.record.recording import Recording, pool_bytes
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.record.snapshot import ARRAY_FIELDS, StepSnapshot
+from pagedkv_core.record.trace_file import TraceError, load_recording, write_recording
+from pagedkv_core.record.waste import WasteAccumulator, final_written
+from pagedkv_core.workloads.scenarios import Workload, build_workload, workload_from_bytes
 from ui import settings
 from ui.live_stepper import GuardedRecording, LiveStepper
 from ui.workshop import check_upload
@@ -95,7 +95,7 @@ class Run:
     token_text: dict = field(default_factory=dict)  # token id -> text (real model)
     recording: Recording = field(default_factory=Recording, repr=False)
     stopped: str = ""  # why the run was stopped before its end ("" = it was not, or ran out of steps)
-    waste: dict | None = None  # the memory-waste breakdown (pagedkv_core.waste), scripted runs only
+    waste: dict | None = None  # the memory-waste breakdown (pagedkv_core.record.waste), scripted runs only
     kv_bytes: int = 0  # a live real-model engine's KV pools (device + host), while it holds them
     texts: list = field(default_factory=list)  # a live run's (request id, text, finish reason) once it has ended
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
@@ -199,7 +199,7 @@ class Run:
         return held
 
     def trace_bytes(self) -> bytes:
-        """This run as a version-2 trace (see :mod:`pagedkv_core.trace`)."""
+        """This run as a version-2 trace (see :mod:`pagedkv_core.record.trace_file`)."""
         with tempfile.TemporaryDirectory() as d, self._lock:
             path = write_recording(Path(d) / "trace.jsonl", self.recording, _json_header(self.header))
             return path.read_bytes()
@@ -457,13 +457,13 @@ def live_requests(tokenizer, replay: bool) -> list[tuple[str, list[int], object]
     first 16 requests of the shipped Azure trace replayed at :data:`LIVE_TRACE_SCALE` (exact
     prompt and answer lengths, ``ignore_eos``; Orca Pow2 and Oracle then reserve from the
     answer's real length)."""
-    from pagedkv_core.prompts import CHAT_PROMPTS
+    from pagedkv_core.workloads.prompts import CHAT_PROMPTS
     from pagedkv_core.sampling import SamplingParams
     from ui.models import chat_prompt
 
     if replay:
-        from pagedkv_core.trace_prompts import trace_requests
-        from pagedkv_core.workloads import DATA_DIR, read_trace_rows
+        from pagedkv_core.workloads.log_prompts import trace_requests
+        from pagedkv_core.workloads.scenarios import DATA_DIR, read_trace_rows
 
         rows = read_trace_rows(DATA_DIR / "azure_conv_2023.csv", 0, len(CHAT_PROMPTS))
         return [(f"trace{i:02d}", ids, sp) for i, (ids, sp) in enumerate(trace_requests(rows, tokenizer, LIVE_TRACE_SCALE))]

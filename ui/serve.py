@@ -18,7 +18,7 @@ def workshop_options(argv: list[str]) -> list[str]:
     """The Streamlit options the PAGEDKV_* environment adds to ``argv``: the upload cap, unless
     ``argv`` sets one. Applies the workshop's memory default first. Raises ConfigError (one
     line) for a bad PAGEDKV_* value."""
-    from pagedkv_core.memory import session_budget
+    from pagedkv_core.sizing.memory import session_budget
     from ui import workshop
 
     workshop.max_model_sessions()  # parsed now, so a bad value stops the launch rather than a page

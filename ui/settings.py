@@ -83,13 +83,13 @@ def _engine(name: str, from_text: Callable[[str], object], offered: list | None 
 
 
 def _policy(text: str) -> str:
-    from pagedkv_core.allocator import CONTIGUOUS_POLICIES
+    from pagedkv_core.kv.registry import CONTIGUOUS_POLICIES
 
     return _one_of(list(CONTIGUOUS_POLICIES))(text)
 
 
 def _workload(text: str) -> str:
-    from pagedkv_core.workloads import WORKLOADS
+    from pagedkv_core.workloads.scenarios import WORKLOADS
 
     return _one_of(list(WORKLOADS))(text)
 
@@ -201,7 +201,7 @@ def _top(spec: SettingSpec, step: float) -> float:
 def _workload_label(name: str) -> str:
     """``name: the description's first clause`` (the select box's line; the whole description
     is the caption under it)."""
-    from pagedkv_core.workloads import workload_description
+    from pagedkv_core.workloads.scenarios import workload_description
 
     return f"{name}: {re.split(r'[:;]', workload_description(name), maxsplit=1)[0]}"
 
@@ -211,7 +211,7 @@ POLICY_LABELS = {
     "pow2": "Orca Pow2: the answer, rounded up to a power of two",
     "oracle": "Orca Oracle: exactly the answer",
 }
-# The options of a request-trace upload (pagedkv_core.workloads.TraceOptions), shown when one is uploaded.
+# The options of a request-trace upload (pagedkv_core.workloads.scenarios.TraceOptions), shown when one is uploaded.
 CSV_DEFAULTS = {"csv_start": 0, "csv_count": 200, "csv_seconds_per_step": 0.05, "csv_rate": 1.0}
 # A hash trace's (.jsonl) length scales: each keeps a 512-token hash block a whole number of tokens.
 HASH_SCALES = {"1": 1.0, "1/2": 0.5, "1/4": 0.25, "1/8": 0.125, "1/16": 0.0625, "1/32": 0.03125}
@@ -220,7 +220,7 @@ HASH_SCALES = {"1": 1.0, "1/2": 0.5, "1/4": 0.25, "1/8": 0.125, "1/16": 0.0625, 
 def is_trace_csv(file_name: str) -> bool:
     """Whether an uploaded workload is a request trace (a CSV, gzipped CSV, or a hash trace's JSON
     lines) rather than a JSON list of requests."""
-    from pagedkv_core.workloads import is_request_trace_name
+    from pagedkv_core.workloads.scenarios import is_request_trace_name
 
     return is_request_trace_name(file_name)
 
@@ -264,7 +264,7 @@ def use_pool(slots: int, source: str = "") -> int:
 
 def sidebar() -> None:
     """Draw the engine settings. Every page reads them from st.session_state on its next run."""
-    from pagedkv_core.workloads import WORKLOADS
+    from pagedkv_core.workloads.scenarios import WORKLOADS
 
     for problem in load_from_url() + check_page_params():
         st.error(problem)
@@ -300,7 +300,7 @@ def sidebar() -> None:
                  help="A seeded scenario of scripted requests (prompt length, answer length, arrival step).")
     upload = st.session_state.get("workload_upload")
     if upload is None:
-        from pagedkv_core.workloads import workload_description
+        from pagedkv_core.workloads.scenarios import workload_description
 
         sb.caption(workload_description(current("workload")))
     sb.file_uploader("…or a workload file (.json, .csv or .jsonl)", type=["json", "csv", "gz", "jsonl"],

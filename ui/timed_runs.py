@@ -21,7 +21,7 @@ from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.events import ADMIT, CACHE_HIT, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN
 from pagedkv_core.sampling import SamplingParams
-from pagedkv_core.snapshot import StepSnapshot
+from pagedkv_core.record.snapshot import StepSnapshot
 from ui.runs import Run
 
 MAX_LESSON_STEPS = 400  # a lesson run that has not ended by then is cut short

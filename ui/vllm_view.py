@@ -24,11 +24,11 @@ from pagedkv_core.observe.observation import Observation, ObservationRecorder
 from pagedkv_core.observe.observer import Observer
 from pagedkv_core.observe.server_metrics import SIGNALS, ServerError, scrape
 from pagedkv_core.observe.subscriber import Subscriber
-from pagedkv_core.recording import Recording
+from pagedkv_core.record.recording import Recording
 from ui import workshop
 
 ENV_SERVERS = "PAGEDKV_VLLM_SERVERS"
-DEFAULT_SERVER = "http://127.0.0.1:8000"  # `make vllm` (pagedkv_core/vllm_server.py, port 8000)
+DEFAULT_SERVER = "http://127.0.0.1:8000"  # `make vllm` (pagedkv_core/observe/vllm_server.py, port 8000)
 MAX_FOREST_BLOCKS = 2000  # an icicle of more cells is unreadable and slow to draw: the most recent ones
 PUMP_S = 0.25  # a fragment run reads events for at most this long
 FOREST_HEIGHT = 390

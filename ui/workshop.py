@@ -33,8 +33,8 @@ import os
 from pathlib import Path
 
 from pagedkv_core.config import ConfigError
-from pagedkv_core.kv_math import format_bytes
-from pagedkv_core.workloads import MAX_WORKLOAD_FILE_BYTES
+from pagedkv_core.sizing.kv_math import format_bytes
+from pagedkv_core.workloads.scenarios import MAX_WORKLOAD_FILE_BYTES
 
 ENV_FLAG = "PAGEDKV_WORKSHOP"
 ENV_MODEL_DIR = "PAGEDKV_MODEL_DIR"

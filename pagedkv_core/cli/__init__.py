@@ -19,8 +19,11 @@ from collections.abc import Callable
 # The shared flag helpers first: a subcommand module may import them from here.
 from .flags import add_engine_args, config_from_args, engine_settings
 from .parsing import EXIT_USAGE, PROG, OneLineParser, UsageError, run_command
-from .. import replay  # noqa: E402  (a subcommand that lives beside the trace code it reads)
-from . import bench, generate, observe, simulate  # noqa: E402  (after the helpers they use)
+from . import replay  # noqa: E402  (a subcommand that lives beside the trace code it reads)
+from . import bench  # noqa: E402  (after the helpers they use)
+from . import generate
+from . import observe
+from . import simulate
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "add_engine_args", "config_from_args", "engine_settings",
            "EXIT_USAGE", "UsageError"]

@@ -6,7 +6,7 @@ config, and every command that builds an engine shows the same flags. The flags 
 the values are checked by ``EngineConfig``, which names the bad one in a one-line ConfigError.
 
 ``--contiguous-policy`` is the one flag that is not a field: it picks among the contiguous
-allocators of :data:`~pagedkv_core.allocator.CONTIGUOUS_POLICIES` when ``--allocator
+allocators of :data:`~pagedkv_core.kv.registry.CONTIGUOUS_POLICIES` when ``--allocator
 contiguous`` is given.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import typing
 
-from ..allocator import ALLOCATORS, CONTIGUOUS_POLICIES, allocator_kind
+from ..kv.registry import ALLOCATORS, CONTIGUOUS_POLICIES, allocator_kind
 from ..config import ConfigError, EngineConfig, SettingSpec, setting_spec
 
 # Fields without a flag: the longest sequence is the model's business (LLM reads it from the model).

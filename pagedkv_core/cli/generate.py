@@ -13,7 +13,7 @@ served from the prefix cache at its first admission (vLLM's ``prompt_tokens_deta
 Bad input exits with code 2 and one line on stderr; a prompt too long for the model or the pool is
 reported as rejected (with the reason) while the others run.
 
-Every setting is checked before torch or the model loads (:func:`pagedkv_core.pool_plan.preflight`),
+Every setting is checked before torch or the model loads (:func:`pagedkv_core.sizing.pool_plan.preflight`),
 the KV pools included: a pool that would not fit the memory budget (``PAGEDKV_MEMORY_BUDGET``,
 default half of RAM) is refused with its numbers before anything is allocated. When stderr is
 not a terminal, or with ``--json``, nothing but that one error line ever reaches it (no loading bar).
@@ -29,12 +29,12 @@ from ..config import ConfigError
 from ..events import ADMIT
 from ..llm import DEFAULT_CPU_SLOTS, DEFAULT_MEMORY_FRACTION, HOST_SWAP_BUDGET  # no torch: the model loads in LLM()
 from ..llm import check_max_tokens
-from ..memory import parse_size
-from ..pool_plan import model_kv_shape, preflight
+from ..sizing.memory import parse_size
+from ..sizing.pool_plan import model_kv_shape, preflight
 from ..safe_io import check_writable, loads_json, read_text_capped
 from ..sampling import SamplingParams
-from ..trace_prompts import trace_requests
-from ..workloads import MAX_REQUESTS, read_trace_rows
+from ..workloads.log_prompts import trace_requests
+from ..workloads.scenarios import MAX_REQUESTS, read_trace_rows
 from .flags import add_engine_args, config_from_args, engine_settings
 from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
 from .parsing import trace_writer
@@ -104,7 +104,7 @@ CHAT_ITEM = '{"messages": [{"role": str, "content": str}, ...], "max_tokens": in
 
 
 def parse_bytes(text: str) -> int:
-    """``--kv-budget``: a size such as 64MiB (:func:`pagedkv_core.memory.parse_size`)."""
+    """``--kv-budget``: a size such as 64MiB (:func:`pagedkv_core.sizing.memory.parse_size`)."""
     return parse_size(text, "--kv-budget")
 
 
@@ -217,7 +217,7 @@ def _check_context(model, items, params) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from ..model.loader import ModelLoadError  # no torch
+    from ..sources.model.loader import ModelLoadError  # no torch
 
     # Every check that needs neither torch nor the model first: a bad value fails at once.
     check_kv_events(args, config_from_args(args, pool_slots=args.pool_slots or DEFAULT_CPU_SLOTS).allocator)

@@ -40,7 +40,7 @@ def check_kv_events(args: argparse.Namespace, allocator: str) -> None:
         if args.kv_events_replay:
             raise ConfigError("--kv-events-replay needs --kv-events")
         return
-    from ..allocator import allocator_kind
+    from ..kv.registry import allocator_kind
 
     check_endpoints((args.kv_events, "--kv-events"), (args.kv_events_replay, "--kv-events-replay"))
     if allocator_kind(allocator) != "paged":

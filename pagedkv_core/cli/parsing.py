@@ -43,9 +43,9 @@ def run_command(command: Callable[[], int | None]) -> int:
 
 
 def trace_writer(path: str, header: dict):
-    """A :class:`~pagedkv_core.trace.TraceWriter` streaming a run into ``path`` (``--trace-out``:
+    """A :class:`~pagedkv_core.record.trace_file.TraceWriter` streaming a run into ``path`` (``--trace-out``:
     only the last step stays in memory); a file that cannot be created is one line."""
-    from ..trace import TraceWriter
+    from ..record.trace_file import TraceWriter
 
     try:
         return TraceWriter(path, header)

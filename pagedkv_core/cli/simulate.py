@@ -25,11 +25,11 @@ from fractions import Fraction
 
 from ..config import ConfigError, setting_spec
 from ..engine import Engine
-from ..scripted import ScriptedSource
+from ..sources.scripted import ScriptedSource
 from ..safe_io import check_writable
-from ..waste import CLASSES, WasteAccumulator, final_written
-from ..hash_trace import DEFAULT_CONTEXT as HASH_TRACE_CONTEXT
-from ..workloads import WORKLOADS, TraceOptions, build_workload, load_workload_file
+from ..record.waste import CLASSES, WasteAccumulator, final_written
+from ..workloads.hashed_log import DEFAULT_CONTEXT as HASH_TRACE_CONTEXT
+from ..workloads.scenarios import WORKLOADS, TraceOptions, build_workload, load_workload_file
 from .flags import add_engine_args, config_from_args
 from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
 from .parsing import trace_writer

@@ -5,7 +5,7 @@ A command lists its rows in order: a name picks one of :data:`ROWS` (formatted f
 """
 from __future__ import annotations
 
-from ..allocator import allocator_kind
+from ..kv.registry import allocator_kind
 
 
 def allocator_text(s: dict) -> str:

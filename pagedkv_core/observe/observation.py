@@ -1,7 +1,7 @@
 """An observation of a vLLM server, recorded as a pagedkv trace, and read back.
 
-Each observed tick is one step of an ordinary pagedkv recording (:class:`~pagedkv_core.trace.
-TraceWriter` for ``--trace-out``, :class:`~pagedkv_core.recording.Recording` in the app), so the
+Each observed tick is one step of an ordinary pagedkv recording (:class:`~pagedkv_core.record.trace_file.
+TraceWriter` for ``--trace-out``, :class:`~pagedkv_core.record.recording.Recording` in the app), so the
 player scrubs it like any run:
 
 - the pool is a display pool of ``num_blocks`` blocks (the server's ``num_gpu_blocks`` when its
@@ -29,8 +29,8 @@ import numpy as np
 
 from ..events import Event
 from ..metrics import StepMetrics
-from ..slot_state import SlotState
-from ..snapshot import StepSnapshot
+from ..record.slot_state import SlotState
+from ..record.snapshot import StepSnapshot
 from .cache_state import DEFAULT_MEDIUM, CacheState
 from .observer import ObservedBatch
 from .server_metrics import MetricsSample
@@ -204,7 +204,7 @@ class Observation:
     """A recorded observation: the trace header and its Recording, with the forest rebuilt at any step."""
 
     header: dict
-    recording: object  # pagedkv_core.recording.Recording
+    recording: object  # pagedkv_core.record.recording.Recording
 
     @property
     def num_steps(self) -> int:
@@ -270,7 +270,7 @@ def is_observation(header: dict) -> bool:
 
 def load_observation(path) -> Observation:
     """A trace written by ``observe --trace-out``. TraceError (one line) when it is not one."""
-    from ..trace import TraceError, load_recording
+    from ..record.trace_file import TraceError, load_recording
 
     header, recording = load_recording(path)
     if not is_observation(header):

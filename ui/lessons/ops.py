@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pagedkv_core.events import PREEMPT_RECOMPUTE, PREEMPT_SWAP
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.workloads.scenarios import build_workload
 from ui import export, guide, presenter
 from ui.figures import integer_ticks, legend_below, series_color, step_curves
 from ui.predict import Prediction, range_options

@@ -8,7 +8,7 @@ import streamlit as st
 
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.events import ADMIT, ALLOCATE, APPEND, CACHE_HIT, COW, FINISH, FORK
-from pagedkv_core.prefix_hash import hash_block
+from pagedkv_core.kv.prefix_hash import hash_block
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sequence import SequenceStatus
 from ui import export, guide, player, presenter, settings

@@ -10,7 +10,7 @@ A window of the trace keeps the page interactive: :data:`GUIDE_WINDOW` (the firs
 requests, about the first 11 minutes of the hour), every length scaled by 1/16 so that one
 engine block of 32 tokens stands for one 512-token hash block. Capacities are said in the
 trace's tokens (blocks × 512). Every number on the page is computed here from the trace, the
-replay module (:mod:`pagedkv_core.prefix_replay`) or the engine's recorded run.
+replay module (:mod:`pagedkv_core.workloads.prefix_replay`) or the engine's recorded run.
 """
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from pagedkv_core.prefix_hash import NO_HASH
-from pagedkv_core.prefix_replay import ReplayRequest, replay, requests_from_rows
+from pagedkv_core.kv.prefix_hash import NO_HASH
+from pagedkv_core.workloads.prefix_replay import ReplayRequest, replay, requests_from_rows
 from pagedkv_core.config import EngineConfig
-from pagedkv_core.hash_trace import (
+from pagedkv_core.workloads.hashed_log import (
     MOONCAKE_CONV_TRACE, HashTraceRow, hash_trace_options, hash_trace_workload, read_hash_trace,
 )
-from pagedkv_core.workloads import TraceOptions, Workload
+from pagedkv_core.workloads.scenarios import TraceOptions, Workload
 from ui import export, presenter
 from ui.guide import GuideStep
 from ui.lesson_figures import _layout
@@ -236,7 +236,7 @@ class TrafficView:
         """The first step at which less than 2% of the pool is free (never-used or evicted blocks
         aside from the cached ones): from then on each new block evicts a cached one. The last
         step when the pool never fills."""
-        from pagedkv_core.slot_state import SlotState
+        from pagedkv_core.record.slot_state import SlotState
 
         limit = 0.02 * self.run.config.pool_slots
         step = self.run.first(lambda snap: np.count_nonzero(snap.slot_state == SlotState.FREE) < limit)

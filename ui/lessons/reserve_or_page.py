@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from pagedkv_core.events import FINISH
-from pagedkv_core.workloads import build_workload
+from pagedkv_core.workloads.scenarios import build_workload
 from ui import export, guide, player, pool_view, presenter
 from ui.figures import LEGEND, free_pool_heatmap, snapshot_heatmap, step_curves
 from ui.predict import Prediction, range_options

@@ -13,7 +13,7 @@ import streamlit as st
 
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.events import ADMIT, FINISH, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN
-from pagedkv_core.kv_math import format_bytes
+from pagedkv_core.sizing.kv_math import format_bytes
 from pagedkv_core.sampling import SamplingParams
 from ui import export, guide, player, presenter, settings
 from ui.costs import COPY_BYTES, MATMUL_N, PCIE_NAME, CostModel, Rates, flops_per_token, measure_rates, rate, seconds

@@ -1,6 +1,6 @@
 """State codes of one KV slot (and, for the paged allocator, of one block).
 
-Stored as ``int8`` in :class:`~pagedkv_core.snapshot.StepSnapshot` (``slot_state`` and
+Stored as ``int8`` in :class:`~pagedkv_core.record.snapshot.StepSnapshot` (``slot_state`` and
 ``block_state``). A block's code is the code of its written slots: a block that is in use
 by one sequence is FILLED once any of its slots holds a token, EMPTY before that.
 """

@@ -1,6 +1,6 @@
 """Our own Llama forward over a flattened token batch and a paged KV pool.
 
-The weights are pulled out of the transformers model (loaded by :mod:`pagedkv_core.model.loader`)
+The weights are pulled out of the transformers model (loaded by :mod:`pagedkv_core.sources.model.loader`)
 into plain tensors: the Q, K and V projections fused into one matrix, the gate and up projections
 fused into another (on the CPU in fp32 and bf16 each matrix is pre-packed for oneDNN once, see
 :class:`Linear`). One forward runs every token of a step at once:

@@ -10,7 +10,7 @@ published, so pagedkv makes them from the ids:
 - **Token ids from hash ids.** Each hash block's tokens are a fixed function of its id alone
   (:func:`token_run`): its first two tokens spell the id in base 49,149 (the scripted
   vocabulary past the special tokens), the rest are a PCG64 stream seeded with the id through
-  the splitmix64 mixer of :mod:`pagedkv_core.scripted`; a request's last, partial block takes
+  the splitmix64 mixer of :mod:`pagedkv_core.sources.scripted`; a request's last, partial block takes
   the first tokens of its id's run. Equal ids give equal runs, so a prefix shared in the trace
   is a prefix shared in the engine; distinct ids (below 49,149² ≈ 2.4·10⁹) give runs that differ
   in their first two tokens, so at any block size of two tokens or more the engine's chained
@@ -20,7 +20,7 @@ published, so pagedkv makes them from the ids:
 - **Scale.** With ``length_scale`` f a hash block is 512·f tokens (f = 1/16: 32), which must be
   a whole number. An engine block size that divides it keeps the sharing exact; one that does
   not would split hash blocks across engine blocks, and is refused (:func:`block_size_problem`).
-- **Options** are those of a CSV request trace (:class:`~pagedkv_core.workloads.TraceOptions`:
+- **Options** are those of a CSV request trace (:class:`~pagedkv_core.workloads.scenarios.TraceOptions`:
   which rows, time scale, length scale, what a request may write), read the same way; only the
   default context differs: :data:`DEFAULT_CONTEXT` tokens (every request of the shipped trace
   fits it), where a CSV trace's is 2,048 (its prompts are short). A bad line is refused with its
@@ -39,10 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import MAX_BLOCK_SIZE, ConfigError
-from .safe_io import loads_json
-from .scripted import FIRST_TOKEN, VOCAB_SIZE, _mix as splitmix64
-from .workloads import (
+from ..config import MAX_BLOCK_SIZE, ConfigError
+from ..safe_io import loads_json
+from ..sources.scripted import FIRST_TOKEN, VOCAB_SIZE, _mix as splitmix64
+from .scenarios import (
     DATA_DIR,
     MAX_TRACE_REQUESTS,
     MAX_TRACE_ROWS,
@@ -201,7 +201,7 @@ def hash_trace_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterato
 
 def read_hash_trace(path, start: int = 0, count: int | None = None) -> list[HashTraceRow]:
     """The requests of a hash trace file after the first ``start``: ``count`` of them (None: all).
-    For callers that need the ids themselves (:mod:`pagedkv_core.prefix_replay`, the benchmark)."""
+    For callers that need the ids themselves (:mod:`pagedkv_core.workloads.prefix_replay`, the benchmark)."""
     path = Path(path)
     rows = []
     for r in hash_trace_rows(_open_trace(path), path.name, start):

@@ -1,8 +1,8 @@
 """The full state of one recorded step, and the byte record that moves it on by one step.
 
-A :class:`StepState` holds every array of a :class:`~pagedkv_core.snapshot.StepSnapshot` at
+A :class:`StepState` holds every array of a :class:`~pagedkv_core.record.snapshot.StepSnapshot` at
 one step: the per-slot and per-block arrays of the pool, the per-sequence arrays and the
-block tables. ``encode`` turns the next step's :class:`~pagedkv_core.recording.StepDelta`
+block tables. ``encode`` turns the next step's :class:`~pagedkv_core.record.recording.StepDelta`
 into a **step record** (bytes) and moves the state on; ``apply`` does the same from a step
 record. A recording keeps these records in memory and a version-2 trace writes the very same
 bytes to disk, so there is one codec, not two.
@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from .events import Event
+from ..events import Event
 from .slot_state import SlotState
 from .snapshot import BLOCK_ARRAYS, SEQ_ARRAYS, SLOT_ARRAYS, TABLE_ARRAYS
 

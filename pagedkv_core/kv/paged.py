@@ -15,12 +15,12 @@ from .changes import change_log
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import EngineConfig
+    from ..config import EngineConfig
 from .eviction import make_eviction
-from .events import ALLOCATE, APPEND, CACHE_HIT, COW, FORK, Event
+from ..events import ALLOCATE, APPEND, CACHE_HIT, COW, FORK, Event
 from .prefix_hash import NO_HASH, extend_block_hashes
-from .sequence import Sequence, SequenceStatus
-from .slot_state import SlotState
+from ..sequence import Sequence, SequenceStatus
+from ..record.slot_state import SlotState
 
 _FREE, _FILLED, _EMPTY, _CACHED, _SHARED = (
     int(SlotState.FREE),

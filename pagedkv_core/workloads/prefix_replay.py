@@ -62,10 +62,10 @@ class ReplayResult:
 
 
 def requests_from_rows(rows: Iterable, block_tokens: int) -> list[ReplayRequest]:
-    """Hash-trace rows (:class:`~pagedkv_core.hash_trace.HashTraceRow`) at the scale where a hash
+    """Hash-trace rows (:class:`~pagedkv_core.workloads.hashed_log.HashTraceRow`) at the scale where a hash
     block is ``block_tokens`` tokens: one key per hash block, the prompt scaled as the workload
     scales it."""
-    from .hash_trace import scaled_prompt_len
+    from .hashed_log import scaled_prompt_len
 
     return [ReplayRequest(tuple(r.hash_ids), scaled_prompt_len(r, block_tokens)) for r in rows]
 

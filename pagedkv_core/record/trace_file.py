@@ -13,8 +13,8 @@ Version 2 (written today) is JSON lines::
     {"type": "end", "steps": N, ...keys that override the header's (a summary, say)}
 
 A step record holds only what the step changed, a keyframe every array of its step (see
-:mod:`pagedkv_core.step_codec`: both are little-endian numpy bytes, the same records a
-:class:`~pagedkv_core.recording.Recording` keeps in memory). The first step is always
+:mod:`pagedkv_core.record.step_codec`: both are little-endian numpy bytes, the same records a
+:class:`~pagedkv_core.record.recording.Recording` keeps in memory). The first step is always
 followed by its keyframe; after that a keyframe comes every K steps, so a reader can start
 there, and the loader checks each one against the deltas before it. The metrics of a step
 are a JSON list in ``metric_fields`` order, readable without decoding anything.
@@ -46,8 +46,8 @@ import zlib
 from dataclasses import fields
 from pathlib import Path
 
-from .config import MAX_BLOCK_SIZE, MAX_POOL_SLOTS, MAX_SWAP_SLOTS, ConfigError
-from .metrics import StepMetrics
+from ..config import MAX_BLOCK_SIZE, MAX_POOL_SLOTS, MAX_SWAP_SLOTS, ConfigError
+from ..metrics import StepMetrics
 from .recording import (
     INT_METRICS,
     KEYFRAME_BYTES_PER_STEP,
@@ -56,7 +56,7 @@ from .recording import (
     Recording,
     default_keyframe_every,
 )
-from .safe_io import open_capped
+from ..safe_io import open_capped
 from .snapshot import StepSnapshot
 from .step_codec import KEYFRAME_FIELDS, STEP_FIELDS, StepState, check_states, loads_strict
 
@@ -240,7 +240,7 @@ def _parse(path: Path, number: int, text: str):
 
 def check_pool(pool) -> dict:
     """The pool sizes of a trace, checked. ValueError (one line) otherwise."""
-    from .allocator import ALLOCATORS
+    from ..kv.registry import ALLOCATORS
 
     if not isinstance(pool, dict):
         raise ValueError("pool sizes must be an object")

@@ -19,11 +19,11 @@ from collections import Counter
 
 import numpy as np
 
-from .allocator import allocator_kind
-from .config import ConfigError
-from .slot_state import SLOT_STATE_NAMES
-from .snapshot import StepSnapshot
-from .trace import TraceError, load_recording
+from ..kv.registry import allocator_kind
+from ..config import ConfigError
+from ..record.slot_state import SLOT_STATE_NAMES
+from ..record.snapshot import StepSnapshot
+from ..record.trace_file import TraceError, load_recording
 
 
 def register(subparsers) -> None:

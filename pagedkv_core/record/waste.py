@@ -35,7 +35,7 @@ Usage, with or without snapshots::
     summary, breakdown = measure_run(engine)  # the same in one call
 
 :meth:`WasteAccumulator.add_step` takes the parts directly (the per-sequence arrays of
-:func:`pagedkv_core.snapshot.seq_arrays`, the step's metrics and the blocks' reference
+:func:`pagedkv_core.record.snapshot.seq_arrays`, the step's metrics and the blocks' reference
 counts), for an engine that records deltas instead of snapshots.
 """
 from __future__ import annotations
@@ -80,7 +80,7 @@ class WasteAccumulator:
 
     # ------------------------------------------------------------------ feeding
     def add_snapshot(self, snap) -> None:
-        """One :class:`~pagedkv_core.snapshot.StepSnapshot`."""
+        """One :class:`~pagedkv_core.record.snapshot.StepSnapshot`."""
         self.add_step(snap.kind, snap.num_slots, snap.block_size, snap.metrics, snap, snap.block_ref)
 
     def add_engine(self, engine) -> None:

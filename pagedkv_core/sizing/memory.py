@@ -2,7 +2,7 @@
 
 A shared server must not let one visitor's choice (a 1M-slot pool, a real-model pool of many
 GiB) take the machine. Everything the app keeps knows its size in bytes (a
-:class:`~pagedkv_core.recording.Recording` has ``nbytes``; a real-model pool is
+:class:`~pagedkv_core.record.recording.Recording` has ``nbytes``; a real-model pool is
 slots x bytes per token); caches hold up to a byte capacity and evict the least recently used
 entries; a run that could not fit is refused up front with the numbers.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 
-from .config import ConfigError
+from ..config import ConfigError
 from .kv_math import format_bytes
 
 PROCESS_SHARE = 0.5  # of the machine's memory, for the whole app

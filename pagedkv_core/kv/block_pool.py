@@ -6,7 +6,7 @@ popping the next block, returning a block and pulling a cached block back out of
 holds a cached (hashed) block of tokens goes to the tail and is evicted last; a freed block
 without a hash holds nothing worth keeping and goes to the head, to be reused first. Which
 cached block is evicted once nothing else is free is the eviction policy's choice
-(:mod:`pagedkv_core.eviction`): LRU takes the head, Belady the block needed furthest ahead.
+(:mod:`pagedkv_core.kv.eviction`): LRU takes the head, Belady the block needed furthest ahead.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 and dies inside the allocator, after the model has taken seconds to load. So the pool is
 planned first, from numbers that cost nothing to get: the requested size (slots, blocks or a
 byte budget) and the model's bytes per token, read from its ``config.json`` without touching
-the weights. A plan that does not fit the memory budget (:mod:`pagedkv_core.memory`) is
+the weights. A plan that does not fit the memory budget (:mod:`pagedkv_core.sizing.memory`) is
 refused with its numbers.
 
 :func:`preflight` runs every check that needs neither torch nor the weights (device name,
@@ -19,10 +19,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from types import SimpleNamespace
 
-from .config import ConfigError, EngineConfig, setting_spec
+from ..config import ConfigError, EngineConfig, setting_spec
 from .kv_math import KVShape
 from .memory import check_fits, kv_pool_bytes, process_budget
-from .safe_io import loads_json, read_text_capped
+from ..safe_io import loads_json, read_text_capped
 
 DEFAULT_CPU_SLOTS = 2048
 # The EngineConfig fields an LLM takes as keyword arguments: all but the pool size, which the
@@ -174,7 +174,7 @@ def model_kv_shape(model) -> KVShape | None:
     read without loading any weights: a model directory's own, a GGUF file's once the first
     load has converted it. None when there is none to read yet. Raises ModelLoadError for a
     path that does not exist or is not a model."""
-    from .model.loader import gguf_cache_dir, resolve_source  # no torch, no transformers
+    from ..sources.model.loader import gguf_cache_dir, resolve_source  # no torch, no transformers
 
     source = resolve_source(model)
     path = (gguf_cache_dir(source) if source.is_file() else source) / "config.json"

@@ -25,7 +25,7 @@ import heapq
 import sys
 from collections.abc import Iterable
 
-from .config import EVICTION_POLICIES
+from ..config import EVICTION_POLICIES
 from .prefix_hash import NO_HASH, extend_block_hashes
 
 __all__ = ["EVICTION_POLICIES", "NEVER", "LruEviction", "BeladyEviction", "make_eviction", "future_uses", "plan_eviction"]

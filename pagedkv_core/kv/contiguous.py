@@ -17,11 +17,11 @@ import numpy as np
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import EngineConfig
+    from ..config import EngineConfig
 from .changes import change_log
-from .events import ALLOCATE, Event
-from .sequence import Sequence
-from .slot_state import SlotState
+from ..events import ALLOCATE, Event
+from ..sequence import Sequence
+from ..record.slot_state import SlotState
 
 _FREE, _FILLED, _EMPTY, _FRAGMENT = (
     int(SlotState.FREE),

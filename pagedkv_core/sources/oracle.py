@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batch import ScheduledBatch
+from ..batch import ScheduledBatch
 from .scripted import ScriptedSource
 
 

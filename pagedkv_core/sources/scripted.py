@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import zlib
 
-from .batch import ScheduledBatch
-from .config import MAX_TOKEN_ID
+from ..batch import ScheduledBatch
+from ..config import MAX_TOKEN_ID
 
 VOCAB_SIZE = 49152
 FIRST_TOKEN = 3  # ids below are special tokens (bos/eos/pad) in SmolLM2's vocabulary

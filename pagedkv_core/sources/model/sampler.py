@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingParams
+from ...sampling import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 

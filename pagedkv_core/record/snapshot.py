@@ -1,7 +1,7 @@
 """``StepSnapshot``: the whole engine state after one step, as compact numpy arrays.
 
 Per slot (both allocators; one heatmap cell each):
-    ``slot_state`` int8 (codes in :class:`~pagedkv_core.slot_state.SlotState`),
+    ``slot_state`` int8 (codes in :class:`~pagedkv_core.record.slot_state.SlotState`),
     ``slot_owner`` int32 (request index, -1 = none; a shared block shows one holder),
     ``slot_token`` int32 (token id whose K/V the slot holds, -1 = none).
 Per block (paged only; zero-length for the contiguous baseline, which works per slot):
@@ -18,7 +18,7 @@ Per live sequence (waiting, running, swapped), aligned arrays:
 Plus the queues (seq ids, FCFS order), the step's events and :class:`StepMetrics`.
 
 The allocators keep these arrays up to date as they go; a snapshot copies them, and a
-:class:`~pagedkv_core.recording.Recording` stores only what changed from step to step.
+:class:`~pagedkv_core.record.recording.Recording` stores only what changed from step to step.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from itertools import chain
 
 import numpy as np
 
-from .events import Event
-from .metrics import StepMetrics
+from ..events import Event
+from ..metrics import StepMetrics
 
 SLOT_ARRAYS = {"slot_state": np.int8, "slot_owner": np.int32, "slot_token": np.int32}
 BLOCK_ARRAYS = {"block_state": np.int8, "block_ref": np.int32, "block_fill": np.int16, "block_hash": np.int64}
@@ -55,7 +55,7 @@ def _empty(dtype) -> np.ndarray:
 @dataclass(eq=False)
 class StepSnapshot:
     step: int
-    allocator: str  # the allocator's registry name (see pagedkv_core.allocator.ALLOCATORS)
+    allocator: str  # the allocator's registry name (see pagedkv_core.kv.registry.ALLOCATORS)
     block_size: int  # as presented to token sources (1 for contiguous)
     num_slots: int
     num_blocks: int  # 0 for contiguous
@@ -87,7 +87,7 @@ class StepSnapshot:
     @property
     def kind(self) -> str:
         """"paged" (block tables) or "contiguous" (one run of slots per sequence)."""
-        from .allocator import allocator_kind
+        from ..kv.registry import allocator_kind
 
         return allocator_kind(self.allocator)
 
@@ -151,7 +151,7 @@ class StepSnapshot:
         for name in SCALAR_FIELDS:
             value = data[name]
             if name == "allocator":
-                from .allocator import ALLOCATORS
+                from ..kv.registry import ALLOCATORS
 
                 if not isinstance(value, str) or value not in ALLOCATORS:
                     raise ValueError(f"unknown allocator {value!r}")

@@ -10,7 +10,7 @@ the same memory and the same forward.
 ``execute`` does what :class:`~pagedkv_core.batch.ScheduledBatch` lists, in order: swap-out
 (device -> host, ``kernels.swap_blocks``), swap-in (host -> device), copy-on-write
 (``kernels.copy_blocks``), then one forward over every sequence of the step (prefill chunks and
-decodes mixed, see :mod:`pagedkv_core.model.llama`) and the sampler.
+decodes mixed, see :mod:`pagedkv_core.sources.model.llama`) and the sampler.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import torch
 
 import kernels
 
-from ..batch import ScheduledBatch, SeqWork
-from ..kv_math import KVShape
+from ...batch import ScheduledBatch, SeqWork
+from ...sizing.kv_math import KVShape
 from .llama import AttentionMetadata, LlamaModel
 from .sampler import Draw, request_seed, sample
 
@@ -110,7 +110,7 @@ class StepShape:
 class ModelRunner:
     """Runs a loaded Llama model over a paged KV pool; a :class:`TokenSource`.
 
-    ``loaded_model``: a :class:`pagedkv_core.model.loader.LoadedModel`. ``device``: "cpu",
+    ``loaded_model``: a :class:`pagedkv_core.sources.model.loader.LoadedModel`. ``device``: "cpu",
     "cuda" or "auto". ``dtype``: None (fp32 on CPU, bf16 on CUDA), or a name / torch dtype.
     ``threads``: torch CPU threads (process-wide) in ``[1, os.cpu_count()]``, None leaves torch's
     default (see :func:`session_threads` for a server with several sessions).
@@ -181,7 +181,7 @@ class ModelRunner:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
         saved = (self.num_slots, self.num_host_slots, self._pool, self._host,
                  self.k_pools, self.v_pools, self.k_host, self.v_host)
-        from ..sampling import SamplingParams
+        from ...sampling import SamplingParams
 
         n = max(16, int(max_num_batched_tokens))
         block = 16

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pagedkv_core import prefix_replay  # noqa: E402
+from pagedkv_core.workloads import prefix_replay  # noqa: E402
 from pagedkv_core.config import EngineConfig  # noqa: E402
 from pagedkv_core.engine import Engine  # noqa: E402
 from pagedkv_core.workloads.hashed_log import (  # noqa: E402

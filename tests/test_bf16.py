@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from pagedkv_core import model as model_pkg
+from pagedkv_core.sources import model as model_pkg
 from pagedkv_core.sampling import SamplingParams
 
 CHATS = [

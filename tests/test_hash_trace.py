@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv_core import hash_trace, workloads
+from pagedkv_core.workloads import hashed_log as hash_trace, scenarios as workloads
 from pagedkv_core.kv.block_pool import BlockPool
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine

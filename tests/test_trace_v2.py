@@ -12,7 +12,8 @@ import zlib
 import numpy as np
 import pytest
 
-from pagedkv_core import replay, trace
+from pagedkv_core.cli import replay
+from pagedkv_core.record import trace_file as trace
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.metrics import StepMetrics

@@ -269,7 +269,7 @@ def test_bad_trace_options(tmp_path, options, message):
 
 
 def test_trace_size_and_row_bounds(tmp_path, monkeypatch):
-    from pagedkv_core import workloads
+    from pagedkv_core.workloads import scenarios as workloads
 
     rows = "".join(f"{i},10,5\n" for i in range(MAX_TRACE_REQUESTS + 1))
     path = write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)

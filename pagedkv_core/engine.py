@@ -48,11 +48,11 @@ class Engine:
         self.config = config
         self.source = source
         self.max_model_len = min(config.max_model_len, int(source.max_model_len))
-        self._events: list[Event] = []  # one chronological list per step: scheduler and allocator append
+        self._arrivals: list[Event] = []  # this step's rejections, before the scheduler's events
         self.kv_event_sink = kv_event_sink
-        self.allocator = build_allocator(config, self._events, self.max_model_len, track_changes=recording is not None,
+        self.allocator = build_allocator(config, self.max_model_len, track_changes=recording is not None,
                                          kv_event_sink=kv_event_sink)
-        self.scheduler = Scheduler(config, self.allocator, self._events, source.eos_token_id, self.max_model_len)
+        self.scheduler = Scheduler(config, self.allocator, source.eos_token_id, self.max_model_len)
         self.vocab_size = int(source.vocab_size)  # prompt ids at or past it are rejected
         self.recording = recording
         if recording is not None:
@@ -158,7 +158,7 @@ class Engine:
             request.reject_reason = reason
             self.num_rejected += 1
             self._rejected.append({"id": request.request_id, "reason": reason})
-            self._events.append(Event(REJECT, -1, request.request_id, {"reason": reason}))
+            self._arrivals.append(Event(REJECT, -1, request.request_id, {"reason": reason}))
             self.scheduler.touched.add(request)
             return
         n = request.sampling.n
@@ -180,26 +180,27 @@ class Engine:
             plan_eviction(self.allocator, self.requests.values())  # the future: every request held now
         while self._pending and self._pending[0][0] <= step:
             self._arrive(heapq.heappop(self._pending)[2])
-        batch = sched.schedule(step)
+        plan = sched.schedule(step)
+        batch = plan.batch
         execute_s = 0.0
         results: dict[int, list[int]] = {}
         if batch.seqs or batch.swap_out or batch.swap_in or batch.copies:
             t0 = time.perf_counter()
             results = self.source.execute(batch)
             execute_s = time.perf_counter() - t0
-        counts = sched.complete(results)
+        counts, after = sched.complete(plan, results)
         if not batch.seqs and not sched.touched and sched.has_work() and not self._pending:
             raise RuntimeError(f"engine made no progress at step {step}: {sched.waiting[:3]} {sched.swapped[:3]}")
         outputs = self._outputs()
         alloc = self.allocator
-        head_need = sched.next_reservation() if alloc.reports_fragmentation else 0
+        head_need = alloc.admission_slots(sched.waiting[0]) if alloc.reports_fragmentation and sched.waiting else 0
         if alloc.reports_fragmentation:
             alloc.update_fragmentation(head_need)
         seqs = seq_arrays(alloc, sched)
         metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"], head_need)
         self.stats.add(metrics)
-        events = tuple(self._events)
-        self._events.clear()
+        events = (*self._arrivals, *plan.events, *after)
+        self._arrivals.clear()
         changes = alloc.take_changes()
         if self.recording is not None:
             self.recording.record(step, changes, seqs, events, metrics)

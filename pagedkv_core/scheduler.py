@@ -18,11 +18,19 @@ The watermark is waived when nothing is running: there is nobody to protect. A p
 token budget (``max_batch_tokens``) limits decodes and chunks prefills. After the token
 source ran, :meth:`Scheduler.complete` marks K/V written, appends sampled tokens (forking
 ``n`` samples), checks stop conditions and frees finished sequences.
+
+Values, not shared state: :meth:`Scheduler.schedule` returns a :class:`StepPlan` (the batch,
+the per-sequence work, the step's counts and its events so far) and :meth:`Scheduler.complete`
+takes that plan and returns the rest of the step's events. The allocator returns its events
+too (:class:`~.kv.protocol.Admission`, :class:`~.kv.protocol.Growth`); the scheduler alone
+writes ``seq.num_computed``.
 """
 from __future__ import annotations
 
 import bisect
 import itertools
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .kv.protocol import Allocator
 from .batch import ScheduledBatch, SeqWork
@@ -34,15 +42,44 @@ from .sequence import FINISH_LENGTH, FINISH_STOP, Request, Sequence, SequenceSta
 _ORDER = lambda s: s.order  # noqa: E731  (FCFS key: request index, sample index)
 
 
-class Scheduler:
-    """``schedule(step)`` plans a step; ``complete(new_tokens)`` applies it and returns what the
-    step did as :class:`StepCounts` (``totals`` sums them over the run)."""
+@dataclass
+class Work:
+    """One sequence's share of a step: ``count`` tokens from position ``start``; ``num_samples``
+    tokens to sample at its end (0: a prefill chunk that samples nothing)."""
 
-    def __init__(self, config: EngineConfig, allocator: Allocator, events: list[Event], eos_token_id: int | None,
-                 max_model_len: int):
+    seq: Sequence
+    start: int
+    count: int
+    num_samples: int
+
+
+@dataclass
+class StepPlan:
+    """What :meth:`Scheduler.schedule` decided for one step; :meth:`Scheduler.complete` takes it."""
+
+    step: int
+    batch: ScheduledBatch
+    counts: StepCounts = field(default_factory=StepCounts)
+    events: list[Event] = field(default_factory=list)  # chronological, allocator's and scheduler's
+    chosen: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, tokens this step), in batch order
+    work: list[Work] = field(default_factory=list)  # the batch's sequences, once built
+    budget: int = 1 << 62  # tokens left this step
+
+
+class Completion(NamedTuple):
+    """What :meth:`Scheduler.complete` did: the step's counts and its events after the forward."""
+
+    counts: StepCounts
+    events: list[Event]
+
+
+class Scheduler:
+    """``schedule(step)`` plans a step; ``complete(plan, new_tokens)`` applies it and returns what
+    the step did as :class:`Completion` (``totals`` sums the counts over the run)."""
+
+    def __init__(self, config: EngineConfig, allocator: Allocator, eos_token_id: int | None, max_model_len: int):
         self.config = config
         self.allocator = allocator
-        self.events = events  # the engine's chronological list for the step (the allocator appends too)
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
         self.budget_per_step = config.max_batch_tokens
@@ -52,12 +89,10 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order: the last is the most recently admitted
         self.swapped: list[Sequence] = []  # sorted by order
         self.totals = StepCounts()
-        self._step = StepCounts()
         self._seq_ids = itertools.count()
         self.seqs: dict[int, Sequence] = {}  # every sequence ever made, by id
         self.touched: set[Request] = set()  # requests that changed this step
         self.sampled: set[int] = set()  # seq ids that got a token this step
-        self._work: list[tuple[Sequence, int, int, int]] = []  # (seq, start, count, num_samples)
 
     # ------------------------------------------------------------------ queues
     def new_sequence(self, request: Request, sample_index: int, token_ids: list[int], fork_into: int = 1) -> Sequence:
@@ -77,111 +112,116 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def next_reservation(self) -> int:
-        """Slots the head of the waiting queue would reserve (contiguous; 0 when none waits)."""
-        if not self.waiting:
-            return 0
-        return self.allocator.admission_slots(self.waiting[0])
-
     # ------------------------------------------------------------------ one step
-    def schedule(self, step: int) -> ScheduledBatch:
-        alloc = self.allocator
-        budget = self.budget_per_step if self.budget_per_step is not None else 1 << 62
-        work: list[tuple[Sequence, int]] = []
-        batch = ScheduledBatch(step=step, block_size=alloc.block_size)
-        counts = self._step = StepCounts()
+    def schedule(self, step: int) -> StepPlan:
+        """Plan one step: the three phases in order, then the batch."""
+        plan = StepPlan(step, ScheduledBatch(step=step, block_size=self.allocator.block_size))
+        if self.budget_per_step is not None:
+            plan.budget = self.budget_per_step
+        self._schedule_running(plan)
+        if plan.counts.preemptions == 0:
+            self._resume_swapped(plan)
+            if not self.swapped:
+                self._admit_waiting(plan)
+        self._build_batch(plan)
+        return plan
 
-        # 1. Running sequences: room for this step's tokens, preempting the youngest.
-        running = self.running
-        blocks_needed = alloc.blocks_needed
+    def _schedule_running(self, plan: StepPlan) -> None:
+        """1. Running sequences: room for this step's tokens, preempting the youngest."""
+        alloc, running = self.allocator, self.running
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and plan.budget > 0:
             seq = running[i]
-            count = len(seq.token_ids) - seq.num_computed
-            if count > budget:
-                count = budget
-            need = blocks_needed(seq, count)
-            if need:
-                gone = False
-                while need > alloc.num_free_blocks:
-                    if len(running) == 1:
-                        # Alone and still no room: the sequence has outgrown the whole pool.
-                        running.pop()
-                        self._finish(seq, FINISH_LENGTH, "kv pool exhausted")
-                        gone = True
-                        break
-                    victim = running.pop()
-                    self._preempt(victim, batch)
-                    if victim is seq:
-                        gone = True
-                        break
-                    need = blocks_needed(seq, count)
-                if gone:
-                    continue
-                if need:
-                    batch.copies.extend(alloc.append_slots(seq, count))
-            work.append((seq, count))
-            budget -= count
+            count = min(len(seq.token_ids) - seq.num_computed, plan.budget)
+            if not self._make_room(seq, count, plan):
+                continue  # seq itself left the running list
+            plan.chosen.append((seq, count))
+            plan.budget -= count
             i += 1
 
-        # 2. Swapped sequences resume first.
-        if counts.preemptions == 0:
-            while self.swapped and budget > 0:
-                seq = self.swapped[0]
-                if alloc.exceeds_pool(seq):
-                    self.swapped.pop(0)
-                    self._finish(seq, FINISH_LENGTH, "kv pool exhausted")
-                    continue
-                reserve = self.watermark_blocks if self.running else 0
-                if not alloc.can_swap_in(seq, reserve):
-                    break
+    def _make_room(self, seq: Sequence, count: int, plan: StepPlan) -> bool:
+        """Room for ``count`` more tokens of running ``seq``, preempting from the running list's
+        tail while the pool is short. False when ``seq`` itself had to go."""
+        alloc, running = self.allocator, self.running
+        need = alloc.blocks_needed(seq, count)
+        if not need:
+            return True
+        while need > alloc.num_free_blocks:
+            if len(running) == 1:
+                # Alone and still no room: the sequence has outgrown the whole pool.
+                running.pop()
+                plan.events.append(self._finish(seq, FINISH_LENGTH, "kv pool exhausted"))
+                return False
+            victim = running.pop()
+            self._preempt(victim, plan)
+            if victim is seq:
+                return False
+            need = alloc.blocks_needed(seq, count)
+        if need:
+            growth = alloc.append_slots(seq, count)
+            plan.batch.copies.extend(growth.copies)
+            plan.events.extend(growth.events)
+        return True
+
+    def _resume_swapped(self, plan: StepPlan) -> None:
+        """2. Swapped sequences resume first, in submission order, above the watermark."""
+        alloc = self.allocator
+        while self.swapped and plan.budget > 0:
+            seq = self.swapped[0]
+            if alloc.exceeds_pool(seq):
                 self.swapped.pop(0)
-                pairs = alloc.swap_in(seq)
-                batch.swap_in.extend(pairs)
-                counts.swaps_in += 1
-                seq.status = SequenceStatus.RUNNING
-                running.append(seq)
-                self.events.append(
-                    Event(
-                        SWAP_IN,
-                        seq.seq_id,
-                        seq.request.request_id,
-                        {"host_blocks": [h for h, _ in pairs], "blocks": alloc.block_table(seq)},
-                    )
-                )
-                count = min(seq.num_tokens - seq.num_computed, budget)
-                work.append((seq, count))
-                budget -= count
+                plan.events.append(self._finish(seq, FINISH_LENGTH, "kv pool exhausted"))
+                continue
+            reserve = self.watermark_blocks if self.running else 0
+            if not alloc.can_swap_in(seq, reserve):
+                break
+            self.swapped.pop(0)
+            pairs = alloc.swap_in(seq)
+            plan.batch.swap_in.extend(pairs)
+            plan.counts.swaps_in += 1
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            detail = {"host_blocks": [h for h, _ in pairs], "blocks": alloc.block_table(seq)}
+            plan.events.append(Event(SWAP_IN, seq.seq_id, seq.request.request_id, detail))
+            self._choose(seq, plan)
 
-        # 3. Waiting sequences, FCFS, while the pool (minus the watermark) allows.
-        if counts.preemptions == 0 and not self.swapped:
-            while self.waiting and budget > 0:
-                seq = self.waiting[0]
-                if alloc.exceeds_pool(seq):
-                    self.waiting.pop(0)
-                    self._finish(seq, FINISH_LENGTH, "kv pool exhausted")
-                    continue
-                reserve = self.watermark_blocks if self.running else 0
-                recompute = seq.status == SequenceStatus.PREEMPTED
-                cached = alloc.try_admit(seq, reserve)
-                if cached is None:
-                    break
+    def _admit_waiting(self, plan: StepPlan) -> None:
+        """3. Waiting sequences, FCFS, while the pool (minus the watermark) allows; the first
+        that does not fit blocks the queue (head-of-line)."""
+        alloc = self.allocator
+        while self.waiting and plan.budget > 0:
+            seq = self.waiting[0]
+            if alloc.exceeds_pool(seq):
                 self.waiting.pop(0)
-                seq.status = SequenceStatus.RUNNING
-                running.append(seq)
-                self.events.append(
-                    Event(ADMIT, seq.seq_id, seq.request.request_id, {"cached_tokens": cached, "recompute": recompute})
-                )
-                count = min(seq.num_tokens - seq.num_computed, budget)
-                work.append((seq, count))
-                budget -= count
+                plan.events.append(self._finish(seq, FINISH_LENGTH, "kv pool exhausted"))
+                continue
+            reserve = self.watermark_blocks if self.running else 0
+            recompute = seq.status == SequenceStatus.PREEMPTED
+            admission = alloc.try_admit(seq, reserve)
+            if admission is None:
+                break
+            self.waiting.pop(0)
+            seq.num_computed = admission.cached_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            plan.events.extend(admission.events)
+            detail = {"cached_tokens": admission.cached_tokens, "recompute": recompute}
+            plan.events.append(Event(ADMIT, seq.seq_id, seq.request.request_id, detail))
+            self._choose(seq, plan)
 
-        # 4. The batch.
-        planned = []
+    @staticmethod
+    def _choose(seq: Sequence, plan: StepPlan) -> None:
+        count = min(seq.num_tokens - seq.num_computed, plan.budget)
+        plan.chosen.append((seq, count))
+        plan.budget -= count
+
+    def _build_batch(self, plan: StepPlan) -> None:
+        """4. The batch: what the token source computes for each chosen sequence."""
+        alloc, counts = self.allocator, plan.counts
         prefill = decode = 0
-        seqs = batch.seqs
+        seqs = plan.batch.seqs
         slots_for, block_table = alloc.slots_for, alloc.table_view
-        for seq, count in work:
+        for seq, count in plan.chosen:
             start = seq.num_computed
             end = start + count
             tokens = seq.token_ids
@@ -204,42 +244,35 @@ class Scheduler:
                     request.output_len,
                 )
             )
-            planned.append((seq, start, count, num_samples))
+            plan.work.append(Work(seq, start, count, num_samples))
             if count == 1 and num_out > 0 and end == num_tokens:
                 decode += 1
             else:
                 prefill += count
-        self._work = planned
         counts.prefill_tokens = prefill
         counts.decode_tokens = decode
         counts.tokens = prefill + decode
-        return batch
 
-    def complete(self, new_tokens: dict[int, list[int]]) -> StepCounts:
-        """Apply a step's results (requests that changed go to ``touched``); returns the step's counts."""
+    def complete(self, plan: StepPlan, new_tokens: dict[int, list[int]]) -> Completion:
+        """Apply a step's results (requests that changed go to ``touched``); returns the step's
+        counts and the events after the forward (forks, finishes)."""
         alloc = self.allocator
+        events: list[Event] = []
         finished: list[Sequence] = []
         generated = 0
-        for seq, start, count, num_samples in self._work:
-            alloc.mark_written(seq, start, count)
-            seq.num_computed = start + count
-            if num_samples == 0:
+        for w in plan.work:
+            seq = w.seq
+            alloc.mark_written(seq, w.start, w.count)
+            seq.num_computed = w.start + w.count
+            if w.num_samples == 0:
                 continue
             tokens = new_tokens.get(seq.seq_id)
-            if tokens is None or len(tokens) != num_samples:
+            if tokens is None or len(tokens) != w.num_samples:
                 raise RuntimeError(
-                    f"token source returned {tokens!r} for sequence {seq.seq_id}; expected {num_samples} token(s)"
+                    f"token source returned {tokens!r} for sequence {seq.seq_id}; expected {w.num_samples} token(s)"
                 )
             self.touched.add(seq.request)
-            samples = [seq]
-            if num_samples > 1:
-                seq.fork_into = 1
-                for i in range(1, num_samples):
-                    child = self.new_sequence(seq.request, i, list(seq.token_ids))
-                    child.status = SequenceStatus.RUNNING
-                    alloc.fork(seq, child)
-                    self.running.append(child)  # admitted with its parent, after it
-                    samples.append(child)
+            samples = [seq] + self._fork(seq, w.num_samples, events)
             for sample, token in zip(samples, tokens):
                 sample.token_ids.append(int(token))
                 self.sampled.add(sample.seq_id)
@@ -250,13 +283,28 @@ class Scheduler:
                     sample.finish_reason = reason
         for seq in finished:
             self.running.remove(seq)
-            self._finish(seq, seq.finish_reason, None)
-        self._work = []
-        counts = self._step
+            events.append(self._finish(seq, seq.finish_reason, None))
+        counts = plan.counts
         counts.num_running = len(self.running)  # after the step: its finished are gone, its forks counted
         counts.tokens_generated = generated
         self.totals.add(counts)
-        return counts
+        return Completion(counts, events)
+
+    def _fork(self, seq: Sequence, num_samples: int, events: list[Event]) -> list[Sequence]:
+        """The ``num_samples - 1`` children of a prefilled ``seq``, sharing its blocks."""
+        if num_samples <= 1:
+            return []
+        seq.fork_into = 1
+        children = []
+        for i in range(1, num_samples):
+            child = self.new_sequence(seq.request, i, list(seq.token_ids))
+            child.status = SequenceStatus.RUNNING
+            child.block_hashes = list(seq.block_hashes)
+            events.extend(self.allocator.fork(seq, child))
+            child.num_computed = seq.num_computed
+            self.running.append(child)  # admitted with its parent, after it
+            children.append(child)
+        return children
 
     # ------------------------------------------------------------------ helpers
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
@@ -275,7 +323,7 @@ class Scheduler:
             return FINISH_LENGTH
         return None
 
-    def _finish(self, seq: Sequence, reason: str, why: str | None) -> None:
+    def _finish(self, seq: Sequence, reason: str, why: str | None) -> Event:
         self.touched.add(seq.request)
         self.allocator.free(seq)
         seq.status = SequenceStatus.FINISHED
@@ -283,34 +331,29 @@ class Scheduler:
         detail = {"reason": reason, "output_tokens": seq.num_output_tokens}
         if why:
             detail["why"] = why
-        self.events.append(Event(FINISH, seq.seq_id, seq.request.request_id, detail))
+        return Event(FINISH, seq.seq_id, seq.request.request_id, detail)
 
-    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
-        self._step.preemptions += 1
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        counts = plan.counts
+        counts.preemptions += 1
         rid = seq.request.request_id
         reason = "preemption mode is recompute"
         if self.swap_enabled:
             device_blocks = self.allocator.block_table(seq)
             pairs = self.allocator.swap_out(seq)
             if pairs is not None:
-                batch.swap_out.extend(pairs)
-                self._step.swaps_out += 1
+                plan.batch.swap_out.extend(pairs)
+                counts.swaps_out += 1
                 seq.status = SequenceStatus.SWAPPED
                 bisect.insort(self.swapped, seq, key=_ORDER)
-                self.events.append(
-                    Event(
-                        PREEMPT_SWAP,
-                        seq.seq_id,
-                        rid,
-                        {"blocks": device_blocks, "host_blocks": [h for _, h in pairs]},
-                    )
-                )
+                detail = {"blocks": device_blocks, "host_blocks": [h for _, h in pairs]}
+                plan.events.append(Event(PREEMPT_SWAP, seq.seq_id, rid, detail))
                 return
             reason = "host pool full"
         blocks = self.allocator.block_table(seq)
         self.allocator.free(seq)
         seq.num_computed = 0
         seq.status = SequenceStatus.PREEMPTED
-        self._step.recomputes += 1
+        counts.recomputes += 1
         bisect.insort(self.waiting, seq, key=_ORDER)
-        self.events.append(Event(PREEMPT_RECOMPUTE, seq.seq_id, rid, {"reason": reason, "blocks": blocks}))
+        plan.events.append(Event(PREEMPT_RECOMPUTE, seq.seq_id, rid, {"reason": reason, "blocks": blocks}))

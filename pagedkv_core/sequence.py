@@ -8,7 +8,9 @@ from the start.
 Status machine of a sequence::
 
     WAITING -> RUNNING -> (SWAPPED | PREEMPTED) -> RUNNING -> ... -> FINISHED
-    WAITING -> REJECTED (never fits, or invalid)
+
+A request that can never run (invalid, or never fits) is rejected before it gets a sequence:
+the request carries the reason (``Request.reject_reason``); no sequence is ever REJECTED.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ class SequenceStatus(IntEnum):
     SWAPPED = 2  # preempted by swap: its K/V waits in the host pool
     PREEMPTED = 3  # preempted by recompute: waits to be re-prefilled with prompt + outputs
     FINISHED = 4
-    REJECTED = 5
+    REJECTED = 5  # unused by the engine (requests are rejected, not sequences); kept so codes stay stable
 
 
 STATUS_NAMES = {int(s): s.name.lower() for s in SequenceStatus}

@@ -23,9 +23,8 @@ def test_registry_entry_states_its_contract(name):
     assert cls.name == name and cls.kind in ("paged", "contiguous")
     for flag in CAPABILITIES:
         assert isinstance(getattr(cls, flag), bool), f"{name}.{flag} must be stated"
-    events = []
-    alloc = build_allocator(EngineConfig(allocator=name, pool_slots=256, block_size=4), events, 200)
-    assert alloc.events is events and alloc.max_model_len == 200  # passed in, never set from outside
+    alloc = build_allocator(EngineConfig(allocator=name, pool_slots=256, block_size=4), 200)
+    assert alloc.max_model_len == 200  # passed in, never set from outside
     assert alloc.take_changes() == ([], [], set())
 
 
@@ -56,7 +55,7 @@ def test_every_allocator_runs_checked_with_the_same_tokens(name, preemption):
 def test_orca_reservations_max_pow2_oracle():
     sizes = {}
     for policy, name in CONTIGUOUS_POLICIES.items():
-        alloc = build_allocator(EngineConfig(allocator=name, pool_slots=1000), [], 1 << 20)
+        alloc = build_allocator(EngineConfig(allocator=name, pool_slots=1000), 1 << 20)
         seq = lone_sequence(range(10), max_tokens=200)
         seq.request.output_len = 37
         sizes[policy] = alloc.reservation_size(seq)
@@ -64,7 +63,7 @@ def test_orca_reservations_max_pow2_oracle():
 
 
 def test_pow2_never_reserves_more_than_max_tokens():
-    alloc = build_allocator(EngineConfig(allocator="contiguous-pow2", pool_slots=1000), [], 1 << 20)
+    alloc = build_allocator(EngineConfig(allocator="contiguous-pow2", pool_slots=1000), 1 << 20)
     seq = lone_sequence(range(10), max_tokens=40)
     seq.request.output_len = 33  # rounds up to 64, but the answer can never pass 40
     assert alloc.reservation_size(seq) == 50
@@ -75,11 +74,11 @@ def test_best_fit_takes_the_smallest_hole_that_fits():
     seqs = [lone_sequence(range(5), rid=f"s{i}", index=i, seq_id=i, max_tokens=n - 5)
             for i, n in enumerate((30, 10, 20, 15, 25))]  # fills 0..100 exactly
     for s in seqs:
-        assert bf.try_admit(s) == 0
+        assert bf.try_admit(s).cached_tokens == 0
     bf.free(seqs[0])  # hole of 30 at 0
     bf.free(seqs[2])  # hole of 20 at 40
     new = lone_sequence(range(5), rid="n", index=9, seq_id=9, max_tokens=13)  # needs 18
-    assert bf.try_admit(new) == 0
+    assert bf.try_admit(new).cached_tokens == 0
     assert bf.reservations[9] == (40, 18)  # first fit would have taken slot 0
     bf.check_invariants([seqs[1], seqs[3], seqs[4], new])
 

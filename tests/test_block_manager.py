@@ -15,8 +15,19 @@ def manager(num_blocks=8, block_size=4, **kw) -> BlockManager:
     return BlockManager(EngineConfig(block_size=block_size, pool_slots=num_blocks * block_size, **kw))
 
 
+def admit(bm, seq: Sequence, reserve: int = 0, events: list | None = None) -> int | None:
+    """``try_admit`` as the scheduler uses it: it sets ``num_computed`` from the admission."""
+    admission = bm.try_admit(seq, reserve)
+    if admission is None:
+        return None
+    seq.num_computed = admission.cached_tokens
+    if events is not None:
+        events.extend(admission.events)
+    return admission.cached_tokens
+
+
 def prefill(bm: BlockManager, seq: Sequence, reserve: int = 0) -> int:
-    cached = bm.try_admit(seq, reserve)
+    cached = admit(bm, seq, reserve)
     assert cached is not None
     bm.mark_written(seq, seq.num_computed, seq.num_tokens - seq.num_computed)
     seq.num_computed = seq.num_tokens
@@ -26,7 +37,7 @@ def prefill(bm: BlockManager, seq: Sequence, reserve: int = 0) -> int:
 def test_admission_allocates_a_block_table_and_writes_fill_the_slots():
     bm = manager()
     seq = lone_sequence(range(10, 20))  # 10 tokens, block size 4 -> 3 blocks
-    assert bm.try_admit(seq, 0) == 0
+    assert admit(bm, seq) == 0
     table = bm.block_table(seq)
     assert len(table) == 3 and bm.pool.num_used_blocks == 3
     assert (bm.slot_state[[b * 4 for b in table]] == SlotState.EMPTY).all()
@@ -49,7 +60,8 @@ def test_prefix_cache_hits_share_full_blocks_and_always_leave_a_token_to_compute
     a = lone_sequence([5, 6, 7, 8, 9, 10, 11, 12, 13], rid="a", seq_id=0)
     prefill(bm, a)
     b = lone_sequence([5, 6, 7, 8, 9, 10, 11, 12], rid="b", index=1, seq_id=1)  # exactly 2 blocks
-    cached = bm.try_admit(b, 0)
+    events = []
+    cached = admit(bm, b, 0, events)
     # Both blocks match, but the last token must be computed: only the first block is a hit.
     assert cached == 4 and b.num_computed == 4
     ta, tb = bm.block_table(a), bm.block_table(b)
@@ -57,7 +69,7 @@ def test_prefix_cache_hits_share_full_blocks_and_always_leave_a_token_to_compute
     assert bm.pool.blocks[ta[0]].ref_count == 2
     assert bm.slot_state[ta[0] * 4] == SlotState.SHARED
     assert bm.hit_tokens == 4 and bm.queried_tokens == 9 + 8
-    assert [e.kind for e in bm.events].count(CACHE_HIT) == 1
+    assert [e.kind for e in events].count(CACHE_HIT) == 1
     bm.check_invariants([a, b])
 
 
@@ -72,7 +84,7 @@ def test_freed_hashed_blocks_stay_cached_and_hit_again():
     assert (bm.slot_owner[table[0] * 4 : table[0] * 4 + 4] == -1).all()
     assert bm.block_state[table[2]] == SlotState.FREE  # partial block: nothing worth keeping
     b = lone_sequence(list(range(100, 109)) + [1], rid="b", index=1, seq_id=1)
-    assert bm.try_admit(b, 0) == 8
+    assert admit(bm, b) == 8
     assert bm.block_table(b)[:2] == table[:2]
     assert bm.filled_slots == 8  # the cached tokens count again
     bm.check_invariants([b])
@@ -83,7 +95,7 @@ def test_extra_keys_separate_otherwise_equal_prefixes():
     a = lone_sequence(range(8 + 1), rid="a", extra_keys=("lora-1",))
     prefill(bm, a)
     b = lone_sequence(range(8 + 1), rid="b", index=1, seq_id=1, extra_keys=("lora-2",))
-    assert bm.try_admit(b, 0) == 0
+    assert admit(bm, b) == 0
 
 
 def test_tail_blocks_are_evicted_first():
@@ -93,7 +105,7 @@ def test_tail_blocks_are_evicted_first():
     table = bm.block_table(a)
     bm.free(a)  # reverse order: the last block is the least recently used
     b = lone_sequence(range(50, 54), rid="b", index=1, seq_id=1)
-    bm.try_admit(b, 0)
+    admit(bm, b)
     assert bm.block_table(b) == [table[-1]]
     assert bm.pool.lookup(a.block_hashes[3]) is None
     assert bm.pool.lookup(a.block_hashes[0]) is not None
@@ -104,9 +116,9 @@ def test_watermark_blocks_admission_but_not_appends():
     a = lone_sequence(range(20), rid="a")  # 5 blocks
     prefill(bm, a)
     b = lone_sequence(range(100, 108), rid="b", index=1, seq_id=1)  # 2 blocks, 3 free
-    assert bm.try_admit(b, reserve_blocks=2) is None  # 3 - 2 < 2
+    assert admit(bm, b, 2) is None  # 3 - 2 < 2
     assert bm.pool.num_used_blocks == 5  # nothing taken by the failed attempt
-    assert bm.try_admit(b, reserve_blocks=1) == 0
+    assert admit(bm, b, 1) == 0
 
 
 def test_fork_shares_every_block_and_copy_on_write_splits_the_tail():
@@ -114,24 +126,25 @@ def test_fork_shares_every_block_and_copy_on_write_splits_the_tail():
     parent = lone_sequence(range(6), rid="p")  # blocks: [full, 2 of 4]
     prefill(bm, parent)
     child = Sequence(1, parent.request, 1, list(parent.token_ids))
-    bm.fork(parent, child)
+    events = bm.fork(parent, child)
+    child.num_computed = parent.num_computed
     table = bm.block_table(parent)
     assert bm.block_table(child) == table
     assert [bm.pool.blocks[b].ref_count for b in table] == [2, 2]
-    assert any(e.kind == FORK for e in bm.events)
+    assert [e.kind for e in events] == [FORK]
     for s, tok in ((parent, 90), (child, 91)):
         s.token_ids.append(tok)
     # The parent writes position 6 into the shared tail: copy-on-write.
     assert bm.blocks_needed(parent, 1) == 1
-    copies = bm.append_slots(parent, 1)
+    copies, events = bm.append_slots(parent, 1)
     assert len(copies) == 1 and copies[0][0] == table[1]
     new_tail = copies[0][1]
     assert bm.block_table(parent) == [table[0], new_tail]
     assert bm.fill[new_tail] == 2 and bm.slot_token[new_tail * 4 : new_tail * 4 + 2].tolist() == [4, 5]
     assert bm.pool.blocks[table[1]].ref_count == 1
-    assert [e.kind for e in bm.events].count(COW) == 1
+    assert [e.kind for e in events] == [COW]
     # The child is now the last holder of the original tail: it writes in place.
-    assert bm.blocks_needed(child, 1) == 0 and bm.append_slots(child, 1) == []
+    assert bm.blocks_needed(child, 1) == 0 and bm.append_slots(child, 1) == ([], [])
     for s in (parent, child):
         bm.mark_written(s, 6, 1)
         s.num_computed = 7

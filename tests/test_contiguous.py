@@ -16,7 +16,7 @@ def test_reservation_is_prompt_plus_max_tokens_first_fit_and_never_grows():
     ca = allocator(100)
     a = lone_sequence(range(10), rid="a", max_tokens=20)  # 30 slots
     b = lone_sequence(range(5), rid="b", index=1, seq_id=1, max_tokens=15)  # 20 slots
-    assert ca.try_admit(a) == 0 and ca.try_admit(b) == 0
+    assert ca.try_admit(a).cached_tokens == 0 and ca.try_admit(b).cached_tokens == 0
     assert ca.reservations == {0: (0, 30), 1: (30, 20)}
     assert ca.kv_usage == 0.5 and ca.allocated_slots == 50
     assert ca.block_table(a, 3) == [0, 1, 2]  # presented as block size 1
@@ -39,7 +39,7 @@ def test_free_merges_holes_and_first_fit_reuses_them():
     ca.free(seqs[2])
     assert list(zip(ca.free_starts, ca.free_lens)) == [(20, 40), (80, 20)]
     big = lone_sequence(range(5), rid="big", index=9, seq_id=9, max_tokens=30)  # 35: first fit at 20
-    assert ca.try_admit(big) == 0 and ca.reservations[9] == (20, 35)
+    assert ca.try_admit(big).cached_tokens == 0 and ca.reservations[9] == (20, 35)
     ca.free(seqs[0])
     ca.free(big)
     ca.free(seqs[3])

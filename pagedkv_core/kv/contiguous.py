@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..config import EngineConfig
 from .changes import change_log
+from .protocol import Admission, Growth
 from ..events import ALLOCATE, Event
 from ..sequence import Sequence
 from ..record.slot_state import SlotState
@@ -44,8 +45,7 @@ class ContiguousAllocator:
     num_blocks = 0  # no blocks: snapshots show this allocator per slot
     host_used_blocks = 0
 
-    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None,
-                 track_changes: bool = True):
+    def __init__(self, config: EngineConfig, max_model_len: int | None = None, track_changes: bool = True):
         self.num_slots = config.pool_slots
         self.max_model_len = config.max_model_len if max_model_len is None else max_model_len
         self.free_starts: list[int] = [0]  # free runs, sorted by start, never adjacent
@@ -57,7 +57,6 @@ class ContiguousAllocator:
         self.queried_tokens = 0
         self.preempted_hit_tokens = 0
         self.preempted_queried_tokens = 0
-        self.events = [] if events is None else events
         self.changes = change_log(track_changes)  # what a recording stores; nothing when none records
         self.slot_state = np.zeros(self.num_slots, dtype=np.int8)
         self.slot_owner = np.full(self.num_slots, -1, dtype=np.int32)
@@ -145,7 +144,7 @@ class ContiguousAllocator:
     def exceeds_pool(self, seq: Sequence) -> bool:
         return self.reservation_size(seq) > self.num_slots
 
-    def try_admit(self, seq: Sequence, reserve_blocks: int = 0) -> int | None:
+    def try_admit(self, seq: Sequence, reserve_blocks: int = 0) -> Admission | None:
         """Reserve the sequence's whole future, first fit. None if no free run is long enough."""
         need = self.reservation_size(seq)
         i = self.choose_run(need)
@@ -164,9 +163,7 @@ class ContiguousAllocator:
         self.slot_state[start : start + need] = _EMPTY
         self.slot_owner[start : start + need] = seq.request.index
         self._layout_changed = True
-        seq.num_computed = 0
-        self.events.append(Event(ALLOCATE, seq.seq_id, seq.request.request_id, {"start": start, "length": need}))
-        return 0
+        return Admission(0, [Event(ALLOCATE, seq.seq_id, seq.request.request_id, {"start": start, "length": need})])
 
     def choose_run(self, need: int) -> int | None:
         """Index of the free run to carve ``need`` slots from: the first long enough."""
@@ -184,10 +181,10 @@ class ContiguousAllocator:
     def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
         return seq.num_computed + num_tokens <= self.reservations[seq.seq_id][1]
 
-    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
+    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> Growth:
         if not self.can_append(seq, num_tokens):
             raise RuntimeError(f"{seq} outgrew its reservation")
-        return []
+        return Growth([], [])
 
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:
         base = self.reservations[seq.seq_id][0] + start

@@ -12,6 +12,7 @@ import numpy as np
 
 from .block_pool import Block, BlockPool, HostPool
 from .changes import change_log
+from .protocol import Admission, Growth
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -46,8 +47,8 @@ class BlockManager:
     fragmented_slots = 0  # blocks need no consecutive run: no external fragmentation
     largest_free_run = 0
 
-    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None,
-                 track_changes: bool = True, kv_event_sink=None):
+    def __init__(self, config: EngineConfig, max_model_len: int | None = None, track_changes: bool = True,
+                 kv_event_sink=None):
         self.block_size = bs = config.block_size
         self.max_model_len = config.max_model_len if max_model_len is None else max_model_len
         self.num_blocks = nb = config.num_blocks
@@ -65,7 +66,6 @@ class BlockManager:
         self.queried_tokens = 0
         self.preempted_hit_tokens = 0  # re-admissions after recompute, counted apart as vLLM does
         self.preempted_queried_tokens = 0
-        self.events = [] if events is None else events
         self.changes = change_log(track_changes, bs)  # what a recording stores; nothing when none records
         # Display arrays, updated in place; every write marks its block in ``changes``.
         self.slot_state = np.zeros(self.num_slots, dtype=np.int8)
@@ -150,10 +150,10 @@ class BlockManager:
         """True when the sequence's tokens could not fit even in an empty pool."""
         return cdiv(seq.num_tokens, self.block_size) > self.num_blocks
 
-    def try_admit(self, seq: Sequence, reserve_blocks: int) -> int | None:
+    def try_admit(self, seq: Sequence, reserve_blocks: int) -> Admission | None:
         """Allocate blocks for all of ``seq``'s tokens, reusing cached full blocks. Leaves at
-        least ``reserve_blocks`` free (the watermark). Returns the number of tokens whose K/V
-        came from the prefix cache, or None when the pool cannot take the sequence now."""
+        least ``reserve_blocks`` free (the watermark). Returns the tokens whose K/V came from
+        the prefix cache and the events, or None when the pool cannot take the sequence now."""
         bs = self.block_size
         num_tokens = seq.num_tokens
         need = cdiv(num_tokens, bs)
@@ -183,7 +183,6 @@ class BlockManager:
         self.tables[seq.seq_id] = table
         self.changes.table(seq.seq_id)
         cached_tokens = len(hits) * bs
-        seq.num_computed = cached_tokens
         if self.enable_caching:
             if seq.status == SequenceStatus.PREEMPTED:
                 self.preempted_queried_tokens += num_tokens
@@ -192,12 +191,9 @@ class BlockManager:
                 self.queried_tokens += num_tokens
                 self.hit_tokens += cached_tokens
         rid = seq.request.request_id
-        if hits:
-            self.events.append(
-                Event(CACHE_HIT, seq.seq_id, rid, {"blocks": table[: len(hits)], "tokens": cached_tokens})
-            )
-        self.events.append(Event(ALLOCATE, seq.seq_id, rid, {"blocks": fresh}))
-        return cached_tokens
+        events = [Event(CACHE_HIT, seq.seq_id, rid, {"blocks": table[: len(hits)], "tokens": cached_tokens})] if hits else []
+        events.append(Event(ALLOCATE, seq.seq_id, rid, {"blocks": fresh}))
+        return Admission(cached_tokens, events)
 
     # ------------------------------------------------------------------ growth
     def blocks_needed(self, seq: Sequence, num_tokens: int = 1) -> int:
@@ -214,13 +210,11 @@ class BlockManager:
             new += 1
         return new
 
-    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
-        return self.blocks_needed(seq, num_tokens) <= self.pool.num_free_blocks
-
-    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
-        """Make room for ``num_tokens`` more tokens. Returns copy-on-write (src, dst) pairs."""
+    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> Growth:
+        """Make room for ``num_tokens`` more tokens. Returns copy-on-write (src, dst) pairs and events."""
         table, bs = self.tables[seq.seq_id], self.block_size
         copies: list[tuple[int, int]] = []
+        events: list[Event] = []
         rid = seq.request.request_id
         j = seq.num_computed // bs
         if j < len(table) and self.pool.blocks[table[j]].ref_count > 1:
@@ -236,14 +230,14 @@ class BlockManager:
             self._drop(seq, self.pool.blocks[src])
             self._refresh(dst)
             copies.append((src, dst))
-            self.events.append(Event(COW, seq.seq_id, rid, {"src": src, "dst": dst}))
+            events.append(Event(COW, seq.seq_id, rid, {"src": src, "dst": dst}))
         new = cdiv(seq.num_computed + num_tokens, bs) - len(table)
         if new > 0:
             fresh = [self._new_block(seq) for _ in range(new)]
             table.extend(fresh)
             self.changes.table(seq.seq_id)
-            self.events.append(Event(APPEND, seq.seq_id, rid, {"blocks": fresh}))
-        return copies
+            events.append(Event(APPEND, seq.seq_id, rid, {"blocks": fresh}))
+        return Growth(copies, events)
 
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:
         """Record that the K/V of positions [start, start + count) is now in the pool, and
@@ -321,18 +315,14 @@ class BlockManager:
         return True
 
     # ------------------------------------------------------------------ sharing and release
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """``child`` shares every block of ``parent`` (ref counts up)."""
+    def fork(self, parent: Sequence, child: Sequence) -> list[Event]:
+        """``child`` shares every block of ``parent`` (ref counts up); returns the event."""
         table = list(self.tables[parent.seq_id])
         for b in table:
             self._take(child, self.pool.blocks[b])
         self.tables[child.seq_id] = table
         self.changes.table(child.seq_id)
-        child.num_computed = parent.num_computed
-        child.block_hashes = list(parent.block_hashes)
-        self.events.append(
-            Event(FORK, child.seq_id, child.request.request_id, {"parent": parent.seq_id, "blocks": list(table)})
-        )
+        return [Event(FORK, child.seq_id, child.request.request_id, {"parent": parent.seq_id, "blocks": list(table)})]
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references, tail block first (so it is evicted first)."""

@@ -24,7 +24,7 @@ Adding an allocator is one file and one line in :data:`~.registry.ALLOCATORS`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -33,6 +33,21 @@ if TYPE_CHECKING:
     from ..config import EngineConfig
     from ..events import Event
     from ..sequence import Sequence
+
+
+class Admission(NamedTuple):
+    """What :meth:`Allocator.try_admit` did: tokens found in the prefix cache (the scheduler
+    sets ``num_computed`` from it) and the events, in order."""
+
+    cached_tokens: int
+    events: list[Event]
+
+
+class Growth(NamedTuple):
+    """What :meth:`Allocator.append_slots` did: copy-on-write (src, dst) pairs and the events."""
+
+    copies: list[tuple[int, int]]
+    events: list[Event]
 
 
 class Allocator(Protocol):

@@ -15,7 +15,8 @@ Per live sequence (waiting, running, swapped), aligned arrays:
     contiguous baseline), ``seq_reserved_start`` (contiguous: first reserved slot, else -1),
     and the block tables in CSR form: the table of sequence ``i`` is
     ``seq_tables[seq_table_offsets[i]:seq_table_offsets[i + 1]]`` (paged only).
-Plus the queues (seq ids, FCFS order), the step's events and :class:`StepMetrics`.
+Plus the queues (seq ids: waiting and swapped in FCFS order, running in admission order),
+the step's events and :class:`StepMetrics`.
 
 The allocators keep these arrays up to date as they go; a snapshot copies them, and a
 :class:`~pagedkv_core.record.recording.Recording` stores only what changed from step to step.

@@ -13,7 +13,8 @@ from pagedkv_core.config import EngineConfig
 from pagedkv_core.record.slot_state import SlotState
 from pagedkv_core.workloads.scenarios import build_workload
 from ui.figures import pool_heatmap, slot_hover_text, step_curves
-from ui.runs import Run, play_scripted
+from ui.runs.model import Run
+from ui.runs.scripted import play_scripted
 
 TARGET_MS = 150.0
 

@@ -3,7 +3,7 @@ import streamlit as st
 
 from ui import export, guide, presenter
 from ui.lessons import ops as lesson
-from ui.runs import current_runs
+from ui.runs.sidebar import current_runs
 
 guided = guide.mode(lesson.KEY, help=lesson.GUIDE_HELP, title="Ops dashboard")
 if not presenter.on(lesson.KEY):

@@ -3,7 +3,7 @@ import streamlit as st
 
 from ui import guide, presenter
 from ui.lessons import reserve_or_page as lesson
-from ui.runs import current_runs
+from ui.runs.sidebar import current_runs
 
 guided = guide.mode(lesson.KEY, help=lesson.GUIDE_HELP, title="Reserve or page")
 if not presenter.on(lesson.KEY) and not guided:  # one line above the player: the pools start above the fold

@@ -14,7 +14,7 @@ from pagedkv_core.workloads.scenarios import build_workload
 from tests.apptest import figure, open_page, plotly_array
 from ui.lessons.baselines import ALLOCATORS, PAPER_TOKEN_SHARE
 from ui.pool_cells import cell_codes, figure_cells, pool_cells
-from ui.runs import BASELINE_LABELS
+from ui.runs.model import BASELINE_LABELS
 
 WORKLOAD = "azure-conv-small"
 

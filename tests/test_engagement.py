@@ -24,7 +24,7 @@ from tests.apptest import figure, open_page, plotly_array
 from tests.test_teaching_pages import CharTokenizer
 from ui import costs, export, guide, player, predict, run_events
 from ui.pool_cells import cell_codes, pool_cells
-from ui.runs import play_scripted
+from ui.runs.scripted import play_scripted
 
 SMOLLM2_PARAMS = 134_515_008  # SmolLM2-135M-Instruct, counted from the loaded model
 SMOLLM2 = KVShape("SmolLM2-135M", 30, 3, 64, 9)
@@ -195,7 +195,7 @@ def test_next_event_lands_on_a_step_with_that_kind(kind):
 def test_event_index_grows_with_a_live_run():
     engine = Engine(EngineConfig(), ScriptedSource())
     build_workload("burst", seed=0).submit(engine)
-    from ui.runs import Run
+    from ui.runs.model import Run
     run = Run("paged", EngineConfig())
     for _ in range(5):
         run.append(engine.step()[1])

@@ -15,13 +15,13 @@ from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sources.scripted import ScriptedSource
 from ui.live_stepper import GuardedRecording, LiveStepper
 from ui.models import CoreShare, CoreSharingSource
-from ui.runs import LIVE_BATCH_TOKENS, Run
+from ui.runs.live import LIVE_BATCH_TOKENS, LiveRun, live_configs
 
 PROMPTS = 16
 PROMPT_LEN = 38  # about the chat prompts' length
 
 
-def scripted_run(allocator: str, budget: int | None = LIVE_BATCH_TOKENS, output_len: int = 12) -> Run:
+def scripted_run(allocator: str, budget: int | None = LIVE_BATCH_TOKENS, output_len: int = 12) -> LiveRun:
     """A live-style run (guarded recording, engine kept) on the scripted source."""
     recording = GuardedRecording()
     engine = Engine(EngineConfig(allocator=allocator, max_batch_tokens=budget), ScriptedSource(), recording=recording)
@@ -29,7 +29,7 @@ def scripted_run(allocator: str, budget: int | None = LIVE_BATCH_TOKENS, output_
         prompt = [100 * i + j for j in range(1, PROMPT_LEN + 1)]  # no two alike: no prefix-cache hits
         engine.add_request(f"r{i:02d}", prompt, SamplingParams(max_tokens=64),
                            output_len=output_len)
-    return Run(allocator, engine.config, request_ids=list(engine.requests), engine=engine, recording=recording)
+    return LiveRun(allocator, engine.config, request_ids=list(engine.requests), engine=engine, recording=recording)
 
 
 def finish_ended(runs) -> None:
@@ -62,11 +62,10 @@ def test_the_first_step_computes_the_token_budget_and_the_prefills_spread_over_t
         assert run.metric("num_running") == [2, 4, 5, 7, 9, 10, 11, 13, 14] + [16] * 6
 
 
-def test_the_live_configs_carry_the_budget(monkeypatch):
-    from ui import runs as ui_runs
+def test_the_live_configs_carry_the_budget():
+    from ui import settings
 
-    monkeypatch.setattr(ui_runs.settings, "current", lambda key: {"contiguous_policy": "max"}.get(key, ui_runs.settings.BY_KEY[key].default))
-    configs = ui_runs.live_configs()
+    configs = live_configs("contiguous", **{k: settings.BY_KEY[k].default for k in settings.ENGINE_KEYS})
     assert [c.allocator for c in configs] == ["contiguous", "paged"]
     assert [c.max_batch_tokens for c in configs] == [LIVE_BATCH_TOKENS, LIVE_BATCH_TOKENS]
     assert LIVE_BATCH_TOKENS >= PROMPTS  # a full batch of decodes always fits one step
@@ -126,7 +125,7 @@ def test_an_error_in_a_step_reaches_the_page():
 def test_a_live_run_reads_its_recording_under_the_lock_it_is_written_under():
     run = scripted_run("paged")
     assert run._lock is run.recording.lock
-    assert isinstance(Run("x", EngineConfig())._lock, type(threading.RLock()))
+    assert isinstance(LiveRun("x", EngineConfig())._lock, type(threading.RLock()))
 
 
 # ---------------------------------------------------------------------------- cores

@@ -31,7 +31,7 @@ from pagedkv_core.workloads.scenarios import (AZURE_CONV_SMALL_OPTIONS, AZURE_CO
 from tests.test_teaching_pages import CharTokenizer
 from ui import costs, guide
 from ui.lessons import baselines, block_size, live_engine, ops, prefix_sharing, reserve_or_page, under_pressure
-from ui.runs import scripted_pair
+from ui.runs.scripted import scripted_pair
 
 # Names that contain digits but are not quantities: model and hardware names, the rule's source.
 NAMES = re.compile(r"Llama \d+(?: \d+B)?|SmolLM2[-\w.]*|OPT-\d+B|Qwen[\d.]+-[\d.]+B|vLLM v\d|PCIe \d\.\d x\d+|"

@@ -22,10 +22,9 @@ from tests.apptest import figure, open_page, uploader
 from ui import settings
 from ui.models import EngineFactory
 from ui.pool_cells import MAX_CELLS, MAX_GROUPS, STATE_NAMES, cell_codes, figure_cells, pool_cells
-from ui.runs import (
-    CACHED_SNAPSHOTS, RECORDING_STATES, engine_bytes, named_workload, play_scripted, process_runs, run_bytes_estimate,
-    scripted_pair,
-)
+from ui.runs.budgets import RECORDING_STATES, process_runs, run_bytes_estimate
+from ui.runs.model import CACHED_SNAPSHOTS, engine_bytes
+from ui.runs.scripted import named_workload, play_scripted, scripted_pair
 
 POOL = 262_144
 PAYLOAD_LIMIT = 300_000  # bytes of one figure's JSON, as Streamlit sends it

@@ -14,7 +14,7 @@ cores allows, see :class:`ui.models.CoreShare`).
 The stepping thread exists only while there is work: it ends when every run has reached the step
 asked for (a paused player, a closed tab) or has ended, so an abandoned session costs at most its
 lookahead. The runs' recordings are written under each run's lock (:class:`GuardedRecording`),
-which is the lock :class:`ui.runs.Run` reads them under.
+which is the lock :class:`ui.runs.model.Run` reads them under.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class GuardedRecording(Recording):
 
 
 class LiveStepper:
-    """Steps ``runs`` (live :class:`ui.runs.Run` objects: an ``engine`` while they run) ahead of
+    """Steps ``runs`` (live :class:`ui.runs.live.LiveRun` objects: an ``engine`` while they run) ahead of
     the page. ``after_step(runs)`` is called on the stepping thread after every step of the
     group (it finishes the runs that ended and stops those past their memory budget; it must not
     touch Streamlit). A run steps while ``run.engine`` is set and ``run.done`` is false."""

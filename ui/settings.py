@@ -21,7 +21,10 @@ from dataclasses import dataclass
 import streamlit as st
 
 from pagedkv_core.config import ConfigError, SettingSpec, setting_spec
+from pagedkv_core.workloads.scenarios import Workload
 from ui import player, sessions, workshop
+from ui.runs.scripted import named_workload
+from ui.runs.session import uploaded_workload
 
 # The block sizes the sidebar offers: the powers of two up to 128, a subset of the engine's bound.
 BLOCK_SIZES = [1 << i for i in range(8)]
@@ -241,6 +244,17 @@ def csv_options() -> dict:
     return options
 
 
+def current_workload() -> Workload:
+    """The sidebar's workload: a named scenario, or the uploaded workload file (JSON, or a request
+    log with the sidebar's row and time-scale options), parsed once per session
+    (:func:`ui.runs.session.uploaded_workload`). Raises ConfigError."""
+    upload = st.session_state.get("workload_upload")
+    seed = int(current("seed"))
+    if upload is None:
+        return named_workload(current("workload"), seed)
+    return uploaded_workload(upload, seed, csv_options() if is_trace_csv(upload.name) else {})
+
+
 def rounded_pool(slots: int, block_size: int) -> int:
     """``slots`` rounded down to whole blocks of ``block_size``, within the pool's bounds."""
     spec = setting_spec("pool_slots")
@@ -369,8 +383,6 @@ MAX_REJECTIONS_SHOWN = 3
 def report_rejections(where) -> None:
     """A warning under the workload uploader when requests of the uploaded file are rejected
     (each for its own reason, while the others run). A file-level error is the page's to show."""
-    from ui.runs import current_workload
-
     try:
         workload = current_workload()
     except ConfigError:

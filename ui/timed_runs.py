@@ -22,7 +22,7 @@ from pagedkv_core.engine import Engine
 from pagedkv_core.events import ADMIT, CACHE_HIT, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.record.snapshot import StepSnapshot
-from ui.runs import Run
+from ui.runs.model import Run
 
 MAX_LESSON_STEPS = 400  # a lesson run that has not ended by then is cut short
 

@@ -17,7 +17,10 @@ from pagedkv_core.workloads.scenarios import Workload
 from ui import export, guide, pool_view, predict, presenter, settings
 from ui.predict import Prediction
 from ui.figures import LEGEND, snapshot_heatmap, step_curves
-from ui.runs import BASELINE_LABELS, RESERVES, Run, current_workload, named_workload, report_stops, scripted_runs
+from ui.runs.model import BASELINE_LABELS, RESERVES, Run
+from ui.runs.scripted import named_workload, scripted_runs
+from ui.runs.session import report_stops
+from ui.settings import current_workload
 
 KEY = "base"
 GUIDE_SEED = 0

@@ -20,7 +20,9 @@ from ui.guide import GuideStep
 from ui.predict import Prediction, range_options
 from ui.lesson_figures import lines
 from ui.models import loaded_model, model_kv_shape
-from ui.runs import MAX_SCRIPTED_STEPS, current_workload, settings_config
+from ui.runs.scripted import MAX_SCRIPTED_STEPS
+from ui.runs.sidebar import settings_config
+from ui.settings import current_workload
 from ui.settings import BLOCK_SIZES
 
 KEY = "bsize"

@@ -18,7 +18,7 @@ from ui.guide import GuideStep
 from ui.predict import Prediction
 from ui.lesson_figures import block_table_arrows, most_advanced, short_text
 from ui.models import EngineFactory, chat_prompt, model_path
-from ui.runs import settings_config
+from ui.runs.sidebar import settings_config
 from ui.timed_runs import TimedRun, new_timed_run
 
 KEY = "live"

@@ -13,7 +13,8 @@ from pagedkv_core.workloads.scenarios import build_workload
 from ui import export, guide, presenter
 from ui.figures import integer_ticks, legend_below, series_color, step_curves
 from ui.predict import Prediction, range_options
-from ui.runs import Run, scripted_pair
+from ui.runs.model import Run
+from ui.runs.scripted import scripted_pair
 
 KEY = "ops"
 GUIDE_WORKLOAD, GUIDE_POOL, GUIDE_BLOCK, GUIDE_SEED = "burst", 2048, 16, 0

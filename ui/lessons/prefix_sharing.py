@@ -17,7 +17,7 @@ from ui.guide import GuideStep
 from ui.predict import Prediction
 from ui.lesson_figures import block_tables_grid, short_text, split_bars, value_bars
 from ui.models import chat_prompt
-from ui.runs import settings_config
+from ui.runs.sidebar import settings_config
 from ui.timed_runs import TimedRun, new_timed_run
 
 KEY = "prefix"

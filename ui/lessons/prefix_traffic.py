@@ -33,7 +33,8 @@ from ui.guide import GuideStep
 from ui.lesson_figures import _layout
 from ui.pool_cells import CACHED_COLOR
 from ui.predict import Prediction, number_text, range_options
-from ui.runs import Run, scripted_run
+from ui.runs.model import Run
+from ui.runs.scripted import scripted_run
 
 KEY = "ptraffic"
 HASH_BLOCK = 512  # trace tokens per hash id

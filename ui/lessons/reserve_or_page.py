@@ -9,7 +9,11 @@ from pagedkv_core.workloads.scenarios import build_workload
 from ui import export, guide, player, pool_view, presenter
 from ui.figures import LEGEND, free_pool_heatmap, snapshot_heatmap, step_curves
 from ui.predict import Prediction, range_options
-from ui.runs import REAL_MAX_TOKENS, Run, advance_live, allocator_title, live_texts, scripted_pair
+from ui.models import tokenizer
+from ui.runs.live import REAL_MAX_TOKENS, LiveRun, live_texts
+from ui.runs.model import Run, allocator_title
+from ui.runs.scripted import scripted_pair
+from ui.runs.session import advance_live
 
 KEY = "rop"
 GUIDE_WORKLOAD, GUIDE_POOL, GUIDE_BLOCK, GUIDE_SEED = "explainer40", 2048, 16, 0
@@ -45,7 +49,7 @@ def side(run: Run, step: int, conceal: bool = False, window=None, grid_block: in
         st.caption(f"{len(run.request_ids)} requests waiting. Answer the prediction above to run step 0.")
         return
     pool_view.pool_chart(snap, run.request_ids, f"{snap.num_slots:,} KV slots at step {snap.step}",
-                         key=f"{KEY}_heat_{run.allocator}", window=window, token_text=run.token_text or None,
+                         key=f"{KEY}_heat_{run.allocator}", window=window, token_text=run.token_text if isinstance(run, LiveRun) else None,
                          png_name=f"{KEY}-{run.allocator}", height=POOL_HEIGHT,
                          grid_block=grid_block)
     c = st.columns(3) + st.columns(3)
@@ -121,7 +125,7 @@ def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None 
     if real:
         st.markdown(f"**SmolLM2's answers so far** (greedy, so both allocators produce the same text; each "
                     f"request may ask for up to {REAL_MAX_TOKENS} tokens, and that is what the contiguous side reserves)")
-        texts = {r.kind: live_texts(r) for r in real}
+        texts = {r.kind: live_texts(r, tokenizer()) for r in real}
         paged = texts.get("paged") or next(iter(texts.values()))
         contig = dict((rid, t) for rid, t, _ in texts.get("contiguous", []))
         rows = [{"request": rid, "paged": text, "contiguous": contig.get(rid, ""), "status": why}

@@ -7,7 +7,7 @@ token utilization (filled / allocated slots), mean KV usage (allocated / pool), 
 (sequences in one step's batch) and steps to finish. These figures are counts, not timings: they
 are exact and the same on every machine.
 
-Then the production trace (``azure-conv``: 1,000 requests of Azure's 2023 conversation trace into
+Then the production request log (``azure-conv``: 1,000 requests of the Azure LLM inference trace 2023 into
 65,536 slots, block size 16) on the vLLM paper's four allocators: Orca Max, Pow2, Oracle and
 paged, each with the paper's Figure 2 memory breakdown (token, reservation, internal, external,
 free; averaged over the steps in which anything is allocated), token share, steps to finish, and
@@ -63,8 +63,8 @@ PAPER_ALLOCATORS = {"Orca (Max)": "contiguous", "Orca (Pow2)": "contiguous-pow2"
 PAPER_TOKEN_SHARE = {"Orca (Max)": 0.204, "Orca (Pow2)": 0.268, "Orca (Oracle)": 0.382, "vLLM (paged)": 0.963}
 
 
-def run_trace(workload_name: str, seed: int = 0) -> list[dict]:
-    """The four allocators of the paper's comparison on one trace workload, with the breakdown."""
+def run_paper_allocators(workload_name: str, seed: int = 0) -> list[dict]:
+    """The four allocators of the paper's comparison on one request-log workload, with the breakdown."""
     rows = []
     for label, allocator in PAPER_ALLOCATORS.items():
         workload = build_workload(workload_name, seed)
@@ -101,16 +101,16 @@ def run(quick: bool = False, seed: int = 0) -> dict:
                 "paged16_steps": p16["steps"],
                 "contiguous_steps": cont["steps"],
             }
-    trace = run_trace("azure-conv-small" if quick else "azure-conv", seed)
-    shares = [r["token_share"] for r in trace]
+    paper = run_paper_allocators("azure-conv-small" if quick else "azure-conv", seed)
+    shares = [r["token_share"] for r in paper]
     targets = [{"name": "trace token share orders Max < Pow2 < Oracle < paged, paged >= 0.9",
                 "value": shares, "target": "increasing, last >= 0.9",
                 "pass": all(a < b for a, b in zip(shares, shares[1:])) and shares[-1] >= 0.9}]
     return {"seed": seed, "block_sizes": list(sizes), "workloads": list(WORKLOADS), "rows": rows,
-            "summary_block16": summary, "trace_rows": trace, "targets": targets}
+            "summary_block16": summary, "trace_rows": paper, "targets": targets}  # "trace_rows": the key stored results have
 
 
-TRACE_COLUMNS = ["workload", "allocator", "token_share", "paper_token_share", "token", "reservation", "internal",
+PAPER_COLUMNS = ["workload", "allocator", "token_share", "paper_token_share", "token", "reservation", "internal",
                  "external", "free", "steps", "peak_running", "mean_running"]
 TABLE_COLUMNS = ["workload", "allocator", "block_size", "mean_token_utilization", "mean_kv_usage",
                  "peak_running", "steps", "preemptions"]
@@ -122,7 +122,7 @@ def print_result(result: dict) -> None:
     rows = [{**r, "block_size": r["block_size"] if r["block_size"] is not None else "-"} for r in result["rows"]]
     print_table(rows, TABLE_COLUMNS)
     print()
-    print_table(result["trace_rows"], TRACE_COLUMNS)
+    print_table(result["trace_rows"], PAPER_COLUMNS)
 
 
 if __name__ == "__main__":

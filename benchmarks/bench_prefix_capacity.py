@@ -1,10 +1,10 @@
 """Prefix capacity: the prefix-cache hit rate of Mooncake's conversation trace against the cache's size.
 
-The shipped trace (``pagedkv_core/data/mooncake_fast25/conversation_trace.jsonl``: 12,031 requests
+The shipped request log (``pagedkv_core/data/mooncake_fast25/conversation_trace.jsonl``: 12,031 requests
 over one hour, one hash id per 512-token prompt block) runs on the paged engine (scripted tokens
 made from the hash ids) at ``--length-scale 1/16`` with block size 32, so one engine block is one
-hash block and a pool of N slots stands for N x 16 tokens of the trace (1,048,576 slots: 16.8M).
-One engine step is 0.8 s of trace time (16 x 50 ms: a request lives as long as it would unscaled).
+hash block and a pool of N slots stands for N x 16 tokens of the log (1,048,576 slots: 16.8M).
+One engine step is 0.8 s of the log's time (16 x 50 ms: a request lives as long as it would unscaled).
 Per pool size, with LRU eviction (vLLM's) and with Belady's offline optimum:
 
 - the engine's hit rate: prompt tokens served from the prefix cache / prompt tokens of admitted
@@ -17,7 +17,7 @@ Per pool size, with LRU eviction (vLLM's) and with Belady's offline optimum:
   so LRU loses little to them);
 - the paper's Figure 9 points (Qin et al., FAST 2025) and the issue's own LRU replay beside them.
 
-Capacities are said in trace tokens (blocks x 512). ``--quick``: the first 500 requests, three sizes.
+Capacities are said in the log's tokens (blocks x 512). ``--quick``: the first 500 requests, three sizes.
 
     .venv/bin/python -m pagedkv_core bench prefix-capacity
 """
@@ -33,17 +33,17 @@ from pagedkv_core.workloads import prefix_replay  # noqa: E402
 from pagedkv_core.config import EngineConfig  # noqa: E402
 from pagedkv_core.engine import Engine  # noqa: E402
 from pagedkv_core.workloads.hashed_log import (  # noqa: E402
-    HASH_BLOCK, MOONCAKE_CONV_TRACE, hash_trace_options, hash_trace_workload, read_hash_trace,
+    HASH_BLOCK, MOONCAKE_CONV_LOG, hashed_log_options, hashed_log_workload, read_hashed_log,
 )
 from pagedkv_core.sources.scripted import ScriptedSource  # noqa: E402
 
 SCALE = 16  # --length-scale 1/16
 BLOCK_SIZE = HASH_BLOCK // SCALE  # 32: one engine block = one hash block
 SECONDS_PER_STEP = 0.05 * SCALE
-# Pool sizes in blocks: 1.0M, 2.0M, 3.1M (the paper's 3M point), 5.0M, 10.0M and 16.8M trace tokens
+# Pool sizes in blocks: 1.0M, 2.0M, 3.1M (the paper's 3M point), 5.0M, 10.0M and 16.8M log tokens
 # (the last is the engine's largest pool, 1,048,576 slots).
 ENGINE_BLOCKS = (1953, 3906, 6055, 9766, 19531, 32768)
-REPLAY_ONLY_BLOCKS = (97656,)  # 50M trace tokens: past the largest pool, replayed only
+REPLAY_ONLY_BLOCKS = (97656,)  # 50M log tokens: past the largest pool, replayed only
 QUICK_REQUESTS = 500
 QUICK_BLOCKS = (256, 1024, 4096)
 # Qin et al., "Mooncake", FAST 2025, Figure 9 (conversation trace, block-granular LRU), read off the figure.
@@ -53,14 +53,14 @@ ISSUE_REPLAY = [(1_000_000, 0.054), (3_100_000, 0.142), (10_000_000, 0.291), (No
 ISSUE_TOLERANCE = 0.005
 
 
-def trace_tokens(blocks: int) -> int:
+def log_tokens(blocks: int) -> int:
     return blocks * HASH_BLOCK
 
 
 def engine_point(rows, blocks: int, eviction: str) -> dict:
-    """The trace on the engine with a pool of ``blocks`` blocks of 32 slots."""
-    opt = hash_trace_options(length_scale=1 / SCALE, seconds_per_step=SECONDS_PER_STEP)
-    workload = hash_trace_workload(rows, MOONCAKE_CONV_TRACE.name, opt, limits=False)
+    """The request log on the engine with a pool of ``blocks`` blocks of 32 slots."""
+    opt = hashed_log_options(length_scale=1 / SCALE, seconds_per_step=SECONDS_PER_STEP)
+    workload = hashed_log_workload(rows, MOONCAKE_CONV_LOG.name, opt, limits=False)
     config = EngineConfig(pool_slots=blocks * BLOCK_SIZE, block_size=BLOCK_SIZE, eviction=eviction)
     engine = Engine(config, ScriptedSource())
     workload.submit(engine)
@@ -83,7 +83,7 @@ def replay_rate(requests, blocks: int | None, policy: str) -> float:
 
 def run(quick: bool = False) -> dict:
     t_start = time.perf_counter()
-    rows = read_hash_trace(MOONCAKE_CONV_TRACE, 0, QUICK_REQUESTS if quick else None)
+    rows = read_hashed_log(MOONCAKE_CONV_LOG, 0, QUICK_REQUESTS if quick else None)
     engine_blocks = QUICK_BLOCKS if quick else ENGINE_BLOCKS
     replay_blocks = engine_blocks + (() if quick else REPLAY_ONLY_BLOCKS)
     requests = prefix_replay.requests_from_rows(rows, BLOCK_SIZE)
@@ -91,7 +91,7 @@ def run(quick: bool = False) -> dict:
     points = []
     for blocks in replay_blocks:
         point = {"blocks": blocks, "pool_slots": blocks * BLOCK_SIZE if blocks in engine_blocks else None,
-                 "capacity_tokens": trace_tokens(blocks),
+                 "capacity_tokens": log_tokens(blocks),
                  "ideal_lru": replay_rate(requests, blocks, "lru"),
                  "ideal_belady": replay_rate(requests, blocks, "belady")}
         if blocks in engine_blocks:
@@ -99,7 +99,7 @@ def run(quick: bool = False) -> dict:
                 e = engine_point(rows, blocks, eviction)
                 point[f"engine_{eviction}"] = e["hit_rate"]
                 point[f"engine_{eviction}_run"] = e
-                print(f"  {trace_tokens(blocks) / 1e6:5.1f}M tokens, {eviction}: engine {e['hit_rate']:.3f} in "
+                print(f"  {log_tokens(blocks) / 1e6:5.1f}M tokens, {eviction}: engine {e['hit_rate']:.3f} in "
                       f"{e['seconds']:.0f} s ({e['steps']:,} steps)", flush=True)
             left = max(1, round(blocks * (1 - point["engine_lru_run"]["mean_kv_usage"])))
             point["running_share"] = point["engine_lru_run"]["mean_kv_usage"]
@@ -128,7 +128,8 @@ def run(quick: bool = False) -> dict:
             "pass": all(abs(g["got"] - g["want"]) <= ISSUE_TOLERANCE for g in got),
         })
     result = {
-        "trace": f"pagedkv_core/data/{MOONCAKE_CONV_TRACE.parent.name}/{MOONCAKE_CONV_TRACE.name}",
+        # "trace" and "trace_minutes": the keys stored results have (the request log's path and span)
+        "trace": f"pagedkv_core/data/{MOONCAKE_CONV_LOG.parent.name}/{MOONCAKE_CONV_LOG.name}",
         "requests": len(rows), "trace_minutes": round((rows[-1].time_s - rows[0].time_s) / 60, 1),
         "prompt_tokens": sum(r.prompt_len for r in rows), "length_scale": f"1/{SCALE}", "block_size": BLOCK_SIZE,
         "hash_block_tokens": HASH_BLOCK, "seconds_per_step": SECONDS_PER_STEP, "unbounded": unbounded,
@@ -199,7 +200,7 @@ def figure(result: dict):
                   annotation_text=f"unbounded cache: {result['unbounded']:.3f}", annotation_position="top left",
                   annotation_font=dict(size=14))
     ticks = [1e6, 2e6, 5e6, 1e7, 2e7, 5e7]
-    fig.update_xaxes(type="log", title_text="cache capacity (trace tokens, blocks of 512)", tickvals=ticks,
+    fig.update_xaxes(type="log", title_text="cache capacity (log tokens, blocks of 512)", tickvals=ticks,
                      ticktext=[f"{t / 1e6:g}M" for t in ticks], title_font=dict(size=16), tickfont=dict(size=14))
     fig.update_yaxes(title_text="prompt tokens served from the cache", tickformat=".0%", rangemode="tozero",
                      range=[0, 0.45], title_font=dict(size=16), tickfont=dict(size=14))

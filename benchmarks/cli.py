@@ -39,7 +39,7 @@ BENCHMARKS = {
     "prefix": "600-token shared system prompt: B's prefill tokens and TTFT after A",
     "simulator": "scripted engine steps/s with snapshots on (2,048 slots, 40 live requests)",
     "memory": "peak RSS of LLM.generate in a fresh process, 2,048-slot pool",
-    "scale": "the Azure trace into 65,536 to 1,048,576 slots: recording speed, peak RSS, trace size, scrub latency",
+    "scale": "the Azure request log into 65,536 to 1,048,576 slots: recording speed, peak RSS, trace size, scrub latency",
     "roofline": "CPU decode step at batch 16/32, fp32 and bf16, against the core's matmul peak and memory roofline",
     "playback": "server time of one playback step of the Reserve-or-page page (2,048-slot pair of heatmaps)",
     "live": "the real-model Reserve-or-page pair in Chromium: Play to first frame, steps/s with 1 and 3 sessions",

@@ -178,7 +178,7 @@ CASES = [
     Case("workload CSV without the columns", "missing column(s) TIMESTAMP", upload=workload("bad.csv", b"a,b\n1,2\n")),
     Case("workload CSV 1e400 tokens", "ContextTokens must be a whole number >= 1, got '1e400'",
          upload=workload("x.csv", CSV_HEADER + b"2023-11-16 18:15:46.6805900,1e400,10\n")),
-    Case("workload gzip that is not", "t.csv.gz: cannot read the trace", upload=workload("t.csv.gz", b"notgzip")),
+    Case("workload gzip that is not", "t.csv.gz: cannot read the request log", upload=workload("t.csv.gz", b"notgzip")),
     Case("workload gzip bomb of rows", "no requests after row",
          upload=workload("z.csv.gz", gzip.compress(CSV_HEADER + b"2023-11-16 18:15:46.6805900,5,5\n")),
          widgets=(("number_input", "csv_start", 10**12),)),

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import bench_prefix_capacity as bench
 from benchmarks.report import build_table
-from pagedkv_core.workloads.hashed_log import MOONCAKE_CONV_TRACE, read_hash_trace
+from pagedkv_core.workloads.hashed_log import MOONCAKE_CONV_LOG, read_hashed_log
 from pagedkv_core.workloads.prefix_replay import replay, requests_from_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def test_result_file(quick):
 
 def test_ideal_replays_are_the_replay_modules(quick):
     r, _ = quick
-    reqs = requests_from_rows(read_hash_trace(MOONCAKE_CONV_TRACE, 0, bench.QUICK_REQUESTS), 32)
+    reqs = requests_from_rows(read_hashed_log(MOONCAKE_CONV_LOG, 0, bench.QUICK_REQUESTS), 32)
     assert r["unbounded"] == round(replay(reqs, 32, None, "unbounded").hit_rate, 4)
     for p in r["points"]:
         for policy in ("lru", "belady"):

@@ -213,7 +213,7 @@ def test_flag_defaults_and_help_come_from_the_config():
     assert " | ".join(ALLOCATORS) in helps["allocator"]
 
 
-TRACE_CSV = ROOT / "pagedkv_core" / "data" / "azure_conv_2023.csv"
+AZURE_CSV = ROOT / "pagedkv_core" / "data" / "azure_conv_2023.csv"
 
 
 @pytest.mark.parametrize("allocator", ["paged", "contiguous"])
@@ -229,18 +229,48 @@ def test_json_reports_the_papers_waste_breakdown(capsys, allocator):
         assert s["token_share"] < 0.5 and w["internal"] > w["token"]
 
 
-def test_trace_csv_with_row_window_and_policies_orders_like_the_paper(capsys):
+def test_csv_request_log_with_row_window_and_policies_orders_like_the_paper(capsys):
     share = {}
     for policy in ("max", "pow2", "oracle"):
-        s = simulate_json(capsys, "--workload-file", str(TRACE_CSV), "--trace-count", "120", "--length-scale", "0.125",
+        s = simulate_json(capsys, "--workload-file", str(AZURE_CSV), "--log-count", "120", "--length-scale", "0.125",
                           "--pool-slots", "4096", "--allocator", "contiguous", "--contiguous-policy", policy)
         assert s["requests"] == 120 and s["allocator"] == f"contiguous{'' if policy == 'max' else '-' + policy}"
         share[policy] = s["token_share"]
-    s = simulate_json(capsys, "--workload-file", str(TRACE_CSV), "--trace-count", "120", "--length-scale", "0.125",
+    s = simulate_json(capsys, "--workload-file", str(AZURE_CSV), "--log-count", "120", "--length-scale", "0.125",
                       "--pool-slots", "4096")
     assert share["max"] < share["pow2"] < share["oracle"] < s["token_share"]
 
 
-def test_trace_flags_without_a_csv_are_one_line_errors(capsys):
+def test_request_log_flags_without_a_log_are_one_line_errors(capsys):
     assert main(["simulate", "--workload", "explainer40", "--rate", "2"]) == 2
     assert capsys.readouterr().err.strip() == "error: --rate applies only to --workload-file *.csv or *.jsonl"
+
+
+def test_renamed_request_log_flags_keep_their_former_spellings(capsys):
+    """--request-log, --log-start and --log-count are the documented names; --trace-file,
+    --trace-start and --trace-count still parse to the same values, and stay out of --help and
+    out of error messages."""
+    from pagedkv_core.cli import build_parser
+
+    parser = build_parser()
+    new = parser.parse_args(["generate", "--request-log", "r.csv", "--log-start", "3", "--log-count", "4"])
+    old = parser.parse_args(["generate", "--trace-file", "r.csv", "--trace-start", "3", "--trace-count", "4"])
+    assert (new.request_log, new.log_start, new.log_count) == (old.request_log, old.log_start, old.log_count) == ("r.csv", 3, 4)
+    window = ("--workload-file", str(AZURE_CSV), "--length-scale", "1/8")
+    old_run = simulate_json(capsys, *window, "--trace-start", "10", "--trace-count", "5")
+    new_run = simulate_json(capsys, *window, "--log-start", "10", "--log-count", "5")
+    counts = [k for k, v in new_run.items() if not k.endswith("_s")]  # not the timings
+    assert old_run["requests"] == 5 and {k: old_run[k] for k in counts} == {k: new_run[k] for k in counts}
+    for command, shown in (("simulate", ("--log-start ROW", "--log-count N")),
+                           ("generate", ("--request-log CSV", "--log-start ROW", "--log-count N"))):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        assert all(s in text for s in shown) and "--trace-start" not in text and "--trace-count" not in text
+        assert "--trace-file" not in text and "--trace-out PATH" in text  # --trace-out: a recorded run, unchanged
+    assert main(["simulate", *window, "--trace-count", "x"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: python -m pagedkv_core simulate: argument --log-count: invalid int value: 'x'")
+    assert main(["generate", "--prompt", "hi", "--trace-file", "r.csv"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: python -m pagedkv_core generate: argument --request-log: not allowed with argument --prompt")

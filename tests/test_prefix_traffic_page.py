@@ -5,7 +5,7 @@ one figure a slide, and the page is in the navigation and on Home.
 The page's window (2,000 requests of the shipped Mooncake trace) runs once per process (cached)."""
 import pytest
 
-from pagedkv_core.workloads.hashed_log import MOONCAKE_CONV_TRACE, read_hash_trace
+from pagedkv_core.workloads.hashed_log import MOONCAKE_CONV_LOG, read_hashed_log
 from pagedkv_core.workloads.prefix_replay import replay, requests_from_rows
 from tests.apptest import figure, open_page, plotly_array, walk_guide
 from ui.lessons import prefix_traffic as lesson
@@ -18,7 +18,7 @@ PAGE = "pages/prefix_traffic.py"
 @pytest.fixture(scope="module")
 def window_requests():
     w = lesson.GUIDE_WINDOW
-    return requests_from_rows(read_hash_trace(MOONCAKE_CONV_TRACE, w.start, w.count), lesson.BLOCK_SIZE)
+    return requests_from_rows(read_hashed_log(MOONCAKE_CONV_LOG, w.start, w.count), lesson.BLOCK_SIZE)
 
 
 def trace_y(fig: dict, name_part: str) -> list[float]:
@@ -76,10 +76,10 @@ def test_coarsened_keys_chain_whole_groups():
 
 
 def test_shared_prefixes_from_hash_ids():
-    from pagedkv_core.workloads.hashed_log import HashTraceRow
+    from pagedkv_core.workloads.hashed_log import HashedLogRow
 
-    rows = [HashTraceRow(1, 0.0, 1500, 1, (0, 1, 2)), HashTraceRow(2, 1.0, 1100, 1, (0, 1, 3)),
-            HashTraceRow(3, 2.0, 600, 1, (0, 4)), HashTraceRow(4, 3.0, 1500, 1, (0, 1, 2))]
+    rows = [HashedLogRow(1, 0.0, 1500, 1, (0, 1, 2)), HashedLogRow(2, 1.0, 1100, 1, (0, 1, 3)),
+            HashedLogRow(3, 2.0, 600, 1, (0, 4)), HashedLogRow(4, 3.0, 1500, 1, (0, 1, 2))]
     maximal, every = lesson.shared_prefixes(rows)
     assert {(p.hash_id, p.blocks, p.tokens, p.requests, p.first) for p in every} == {
         (0, 1, 512, 4, 0), (1, 2, 1024, 3, 0), (2, 3, 1500, 2, 0)}

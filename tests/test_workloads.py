@@ -12,14 +12,14 @@ from pagedkv_core.engine import Engine
 from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.workloads.scenarios import (
     EXPLAINER_MAX_TOKENS,
-    MAX_TRACE_REQUESTS,
+    MAX_LOG_REQUESTS,
     WORKLOADS,
-    TraceOptions,
+    LogOptions,
     build_workload,
     load_workload_file,
     parse_workload,
-    read_trace_rows,
-    trace_workload,
+    read_log_rows,
+    request_log_workload,
     workload_from_bytes,
 )
 
@@ -142,7 +142,7 @@ def test_unknown_workload_name():
         build_workload("nope")
 
 
-# ---------------------------------------------------------------------------- request traces (CSV)
+# ---------------------------------------------------------------------------- request logs (CSV)
 TRACE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44
 2023-11-16 18:15:50.9951690,396,109
@@ -158,7 +158,7 @@ def write(tmp_path, text, name="trace.csv"):
     return path
 
 
-def test_a_trace_csv_is_a_workload(tmp_path):
+def test_a_csv_request_log_is_a_workload(tmp_path):
     w = load_workload_file(write(tmp_path, TRACE), seed=0, max_tokens="answer")
     assert [r.id for r in w.requests] == ["r1", "r2", "r3", "r4", "r5"]
     assert [len(r.prompt) for r in w.requests] == [374, 396, 879, 91, 1900]
@@ -172,7 +172,7 @@ def test_a_trace_csv_is_a_workload(tmp_path):
     assert summary.finished == 5 and summary.tokens_generated == 44 + 109 + 55 + 16 + 300
 
 
-def test_trace_options_rows_time_scale_and_max_tokens(tmp_path):
+def test_log_options_rows_time_scale_and_max_tokens(tmp_path):
     path = write(tmp_path, TRACE)
     w = load_workload_file(path, start=1, count=2, seconds_per_step=0.5, max_tokens=100)
     assert [r.id for r in w.requests] == ["r2", "r3"]
@@ -193,7 +193,7 @@ def test_trace_options_rows_time_scale_and_max_tokens(tmp_path):
     assert small.requests[3].output_len == 2  # 16 / 8
 
 
-def test_gzipped_traces_and_uploads(tmp_path):
+def test_gzipped_logs_and_uploads(tmp_path):
     plain = load_workload_file(write(tmp_path, TRACE), max_tokens="answer")
     gz = tmp_path / "trace.csv.gz"
     gz.write_bytes(gzip.compress(TRACE.encode()))
@@ -226,14 +226,14 @@ def test_columns_in_any_order_extra_columns_and_blank_lines(tmp_path):
         (TRACE.replace("2023-11-16 18:15:51.39", "yesterday"), "trace.csv row 4: TIMESTAMP must be a date-time"),
         (TRACE.replace("1900,300", "1900"), "trace.csv row 5: no value for GeneratedTokens"),
         (TRACE.replace("GeneratedTokens", "Generated"), "missing column(s) GeneratedTokens"),
-        ("", "the trace is empty"),
+        ("", "the request log is empty"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests after row 0"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,4000,10\n", "1 left out: longer than the 2,048-token context"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\n1e9,5,5\n", "row 2: arrives at step 20,000,000,000"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\nnan,5,5\n", "row 2: TIMESTAMP must be a finite number"),
     ],
 )
-def test_bad_trace_rows_name_the_row_and_column(tmp_path, text, message):
+def test_bad_log_rows_name_the_row_and_column(tmp_path, text, message):
     with pytest.raises(ConfigError) as info:
         load_workload_file(write(tmp_path, text))
     assert message in str(info.value) and "\n" not in str(info.value)
@@ -251,7 +251,7 @@ def test_a_bad_row_after_the_window_is_never_read(tmp_path):
     [
         ({"start": -1}, "start must be >= 0"),
         ({"count": 0}, "count must be in [1, 5,000]"),
-        ({"count": MAX_TRACE_REQUESTS + 1}, "count must be in [1, 5,000]"),
+        ({"count": MAX_LOG_REQUESTS + 1}, "count must be in [1, 5,000]"),
         ({"seconds_per_step": 0}, "seconds_per_step must be a number > 0"),
         ({"rate": float("inf")}, "rate must be a number > 0"),
         ({"length_scale": 2}, "length_scale must be at most 1"),
@@ -259,24 +259,24 @@ def test_a_bad_row_after_the_window_is_never_read(tmp_path):
         ({"max_tokens": 0}, "got 0"),
         ({"max_context": 1}, "max_context must be in [2,"),
         ({"pool_slots": 0}, "pool_slots must be >= 1"),
-        ({"colour": "red"}, "unknown trace option(s) colour"),
+        ({"colour": "red"}, "unknown request-log option(s) colour"),
     ],
 )
-def test_bad_trace_options(tmp_path, options, message):
+def test_bad_log_options(tmp_path, options, message):
     with pytest.raises(ConfigError) as info:
         load_workload_file(write(tmp_path, TRACE), **options)
     assert message in str(info.value)
 
 
-def test_trace_size_and_row_bounds(tmp_path, monkeypatch):
+def test_log_size_and_row_bounds(tmp_path, monkeypatch):
     from pagedkv_core.workloads import scenarios as workloads
 
-    rows = "".join(f"{i},10,5\n" for i in range(MAX_TRACE_REQUESTS + 1))
+    rows = "".join(f"{i},10,5\n" for i in range(MAX_LOG_REQUESTS + 1))
     path = write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
     with pytest.raises(ConfigError, match="more than 5,000 requests after row 0: give a count"):
         load_workload_file(path, seconds_per_step=10.0)
-    assert len(load_workload_file(path, count=3, start=MAX_TRACE_REQUESTS - 1, seconds_per_step=10.0).requests) == 2
-    assert len(read_trace_rows(path, count=10)) == 10
+    assert len(load_workload_file(path, count=3, start=MAX_LOG_REQUESTS - 1, seconds_per_step=10.0).requests) == 2
+    assert len(read_log_rows(path, count=10)) == 10
     monkeypatch.setattr(workloads, "MAX_WORKLOAD_FILE_BYTES", 100)
     with pytest.raises(ConfigError, match="bytes, more than the 100 allowed"):
         load_workload_file(path, count=3)
@@ -284,23 +284,23 @@ def test_trace_size_and_row_bounds(tmp_path, monkeypatch):
         workload_from_bytes(path.read_bytes(), "up.csv")
 
 
-def test_json_files_take_no_trace_options(tmp_path):
+def test_json_files_take_no_log_options(tmp_path):
     path = tmp_path / "w.json"
     path.write_text(json.dumps([{"id": "x", "prompt": [5], "output_len": 1, "max_tokens": 1}]))
     assert len(load_workload_file(path, rate=None).requests) == 1  # None = not given
-    with pytest.raises(ConfigError, match=r"w.json: rate apply only to request traces \(.csv, .csv.gz, .jsonl, .jsonl.gz\)"):
+    with pytest.raises(ConfigError, match=r"w.json: rate apply only to request logs \(.csv, .csv.gz, .jsonl, .jsonl.gz\)"):
         load_workload_file(path, rate=2.0)
 
 
-def test_trace_options_defaults_are_stated():
-    opt = TraceOptions()
+def test_log_options_defaults_are_stated():
+    opt = LogOptions()
     assert (opt.start, opt.count, opt.seconds_per_step, opt.rate, opt.max_tokens, opt.max_context, opt.length_scale,
             opt.pool_slots) == (0, None, 0.05, 1.0, "context", 2048, 1.0, 65536)
-    assert TraceOptions.of(max_tokens="512", rate=None).max_tokens == 512
+    assert LogOptions.of(max_tokens="512", rate=None).max_tokens == 512
 
 
 def test_corrupt_gzip_is_a_config_error(tmp_path):
     gz = tmp_path / "t.csv.gz"
     gz.write_bytes(b"\x1f\x8b\x08\x00garbage")
-    with pytest.raises(ConfigError, match="t.csv.gz: cannot read the trace"):
-        trace_workload(gz)
+    with pytest.raises(ConfigError, match="t.csv.gz: cannot read the request log"):
+        request_log_workload(gz)

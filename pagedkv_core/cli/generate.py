@@ -2,6 +2,12 @@
 
     python -m pagedkv_core generate --prompt "What is the capital of France?" --chat --max-tokens 32
     python -m pagedkv_core generate --prompts-file prompts.json --allocator contiguous --json
+    python -m pagedkv_core generate --request-log requests.csv --log-count 16 --length-scale 0.125
+
+``--request-log`` replays a request log's lengths (a CSV such as Azure's, which publishes sizes, no
+text) with prompts of real text (:mod:`pagedkv_core.workloads.log_prompts`); ``--trace-file``,
+``--trace-start`` and ``--trace-count``, the former spellings of ``--request-log``, ``--log-start``
+and ``--log-count``, still work. ``--trace-out`` records the run as a pagedkv trace.
 
 The prompts file is a JSON list of strings, of ``{"prompt": str, "max_tokens": int}`` objects, or of
 OpenAI-style chat items ``{"messages": [{"role": str, "content": str}, ...], "max_tokens": int}``,
@@ -33,11 +39,11 @@ from ..sizing.memory import parse_size
 from ..sizing.pool_plan import model_kv_shape, preflight
 from ..safe_io import check_writable, loads_json, read_text_capped
 from ..sampling import SamplingParams
-from ..workloads.log_prompts import trace_requests
-from ..workloads.scenarios import MAX_REQUESTS, read_trace_rows
+from ..workloads.log_prompts import log_requests
+from ..workloads.scenarios import MAX_REQUESTS, read_log_rows
 from .flags import add_engine_args, config_from_args, engine_settings
 from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
-from .parsing import trace_writer
+from .parsing import add_renamed, length_scale, trace_writer
 from .summary import summary_table
 
 POOL_DEFAULT = f"default: {DEFAULT_CPU_SLOTS} slots on the CPU, a profiled {DEFAULT_MEMORY_FRACTION:.0%} of the GPU on CUDA"
@@ -55,9 +61,9 @@ def register(subparsers) -> None:
     src.add_argument("--prompts-file", metavar="PATH",
                      help='JSON list of strings, {"prompt", "max_tokens"} objects or OpenAI-style '
                           '{"messages": [{"role", "content"}, ...], "max_tokens"} chat items (always chat-templated)')
-    src.add_argument("--trace-file", metavar="CSV",
-                     help="replay a request trace's lengths (TIMESTAMP, ContextTokens, GeneratedTokens): prompts of "
-                          "real text of each row's scaled prompt length, answers of exactly its scaled answer length")
+    add_renamed(src, "--request-log", "--trace-file", metavar="CSV",
+                help="replay a request log's lengths (a CSV of TIMESTAMP, ContextTokens, GeneratedTokens): prompts "
+                     "of real text of each row's scaled prompt length, answers of exactly its scaled answer length")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     p.add_argument("--sequential", action="store_true",
                    help="submit each request when the previous one has finished, as a chat client does")
@@ -68,11 +74,12 @@ def register(subparsers) -> None:
     s.add_argument("--top-p", type=float, default=d["top_p"], metavar="P", help=f"nucleus sampling mass (default {d['top_p']:g})")
     s.add_argument("--top-k", type=int, default=d["top_k"], metavar="K", help=f"keep the K most likely tokens (0 = off, default {d['top_k']})")
     s.add_argument("--ignore-eos", action="store_true", help="keep writing past the end-of-sequence token, to max-tokens")
-    tr = p.add_argument_group("trace replay (--trace-file)")
-    tr.add_argument("--trace-start", type=int, default=0, metavar="ROW", help="rows to skip (default 0)")
-    tr.add_argument("--trace-count", type=int, default=16, metavar="N", help="requests to replay (default 16)")
-    tr.add_argument("--length-scale", type=float, default=0.125, metavar="F",
-                    help="scale the trace's lengths so the replay runs on a CPU (default 0.125)")
+    tr = p.add_argument_group("request-log replay (--request-log)")
+    add_renamed(tr, "--log-start", "--trace-start", type=int, default=0, metavar="ROW", help="rows to skip (default 0)")
+    add_renamed(tr, "--log-count", "--trace-count", type=int, default=16, metavar="N",
+                help="requests to replay (default 16)")
+    tr.add_argument("--length-scale", type=length_scale, default=0.125, metavar="F",
+                    help="scale every length, e.g. 0.125 or 1/8, so the replay runs on a CPU (default 0.125)")
     s.add_argument("--n", type=int, default=d["n"], metavar="N", help=f"parallel samples per prompt (fork + copy-on-write, default {d['n']})")
     # The engine's --seed is the sampling seed here, and by default each request draws its own.
     add_engine_args(p, default_notes={
@@ -90,7 +97,8 @@ def register(subparsers) -> None:
     m.add_argument("--kv-budget", default=None, metavar="BYTES",
                    help="size the pool from a memory budget, e.g. 64MiB (instead of --pool-slots); "
                         + POOL_DEFAULT.replace("%", "%%"))
-    p.add_argument("--trace-out", metavar="PATH", help="write every step's snapshot as JSON lines")
+    p.add_argument("--trace-out", metavar="PATH",
+                   help="record the run as a pagedkv trace (every step, JSON lines) for replay and the app")
     p.add_argument("--json", action="store_true", help="print one JSON object: outputs and summary")
     add_kv_events_args(p)
     p.set_defaults(func=cmd_generate)
@@ -194,15 +202,15 @@ def _pool_sizing(args) -> dict:
     return {key: value}
 
 
-def _trace_rows(args) -> list:
-    """The trace rows to replay, checked before the model loads."""
+def _log_rows(args) -> list:
+    """The request-log rows to replay, checked before the model loads."""
     if not 0 < args.length_scale <= 1:
         raise ConfigError(f"--length-scale must be in (0, 1], got {args.length_scale}")
-    if args.trace_count < 1:
-        raise ConfigError(f"--trace-count must be >= 1, got {args.trace_count}")
-    rows = read_trace_rows(args.trace_file, args.trace_start, args.trace_count)
+    if args.log_count < 1:
+        raise ConfigError(f"--log-count must be >= 1, got {args.log_count}")
+    rows = read_log_rows(args.request_log, args.log_start, args.log_count)
     if not rows:
-        raise ConfigError(f"{args.trace_file}: no rows after row {args.trace_start}")
+        raise ConfigError(f"{args.request_log}: no rows after row {args.log_start}")
     return rows
 
 
@@ -228,8 +236,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model = dict(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads)
     try:
         preflight(**model, **engine_settings(args), **sizing)
-        if args.trace_file is not None:
-            rows = _trace_rows(args)
+        if args.request_log is not None:
+            rows = _log_rows(args)
             items = params = None
         else:
             items = [(p, None) for p in args.prompt] if args.prompt is not None else load_prompts(args.prompts_file)
@@ -238,8 +246,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from ..llm import LLM  # torch and the weights, only now
 
         llm = LLM(**model, quiet=args.json or not sys.stderr.isatty(), **engine_settings(args), **sizing)
-        if args.trace_file is not None:  # the tokenizer builds prompts of the trace's exact lengths
-            replay = trace_requests(rows, llm.tokenizer, args.length_scale, seed=args.seed or 0,
+        if args.request_log is not None:  # the tokenizer builds prompts of the log's exact lengths
+            replay = log_requests(rows, llm.tokenizer, args.length_scale, seed=args.seed or 0,
                                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, n=args.n)
             items = [(ids, None) for ids, _ in replay]
             params = [sp for _, sp in replay]

@@ -2,9 +2,9 @@
 
     python -m pagedkv_core simulate --workload explainer40 --allocator contiguous --json
     python -m pagedkv_core simulate --workload-file requests.json --trace-out run.jsonl
-    python -m pagedkv_core simulate --workload-file trace.csv --trace-start 500 --trace-count 200 \
+    python -m pagedkv_core simulate --workload-file requests.csv --log-start 500 --log-count 200 \
         --allocator contiguous --contiguous-policy pow2 --json
-    python -m pagedkv_core simulate --workload-file conversation_trace.jsonl --trace-count 500 \
+    python -m pagedkv_core simulate --workload-file conversation_trace.jsonl --log-count 500 \
         --length-scale 1/16 --block-size 32 --pool-slots 65536 --eviction belady --json
 
 Prints the run summary as a table (or one JSON object with ``--json``), with the memory-waste
@@ -13,39 +13,34 @@ external, free, shares of the pool averaged over the steps in which anything is 
 ``token_share`` = token / (pool - free)) and the prefix cache's hit rate with its token counts
 (``prefix_cache_hit_tokens`` / ``prefix_cache_queried_tokens``: the prompt tokens served from
 the cache / the prompt tokens of admitted requests, a re-admission after recompute counted apart
-as vLLM does); ``--trace-out`` streams every step into a trace for
+as vLLM does); ``--trace-out`` streams every step into a trace (a recorded run) for
 the app's trace viewer and ``replay``. Every flag is checked before the workload is built, and
 the workload before the run.
+
+A request log (a CSV, or Mooncake's JSON lines with prefix hashes) is a workload file like any
+other; ``--log-start`` and ``--log-count`` pick its window (``--trace-start`` and
+``--trace-count``, their former spellings, still work).
 """
 from __future__ import annotations
 
 import argparse
 import json
-from fractions import Fraction
 
 from ..config import ConfigError, setting_spec
 from ..engine import Engine
 from ..sources.scripted import ScriptedSource
 from ..safe_io import check_writable
 from ..record.waste import CLASSES, WasteAccumulator, final_written
-from ..workloads.hashed_log import DEFAULT_CONTEXT as HASH_TRACE_CONTEXT
-from ..workloads.scenarios import WORKLOADS, TraceOptions, build_workload, load_workload_file
+from ..workloads.hashed_log import DEFAULT_CONTEXT as HASHED_LOG_CONTEXT
+from ..workloads.scenarios import WORKLOADS, LogOptions, build_workload, load_workload_file
 from .flags import add_engine_args, config_from_args
 from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
-from .parsing import trace_writer
+from .parsing import add_renamed, length_scale, trace_writer
 from .summary import summary_table
 
 
-TRACE_FLAGS = {"start": "trace_start", "count": "trace_count", "seconds_per_step": "seconds_per_step", "rate": "rate",
+LOG_FLAGS = {"start": "log_start", "count": "log_count", "seconds_per_step": "seconds_per_step", "rate": "rate",
                "max_tokens": "max_tokens", "max_context": "max_context", "length_scale": "length_scale"}
-
-
-def _scale(text: str) -> float:
-    """A length scale: a number or a fraction (``0.0625``, ``1/16``)."""
-    try:
-        return float(Fraction(text.strip()))
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"must be a number or a fraction such as 1/16, got {text!r}") from None
 
 
 def register(subparsers) -> None:
@@ -57,27 +52,28 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="NAME", help=f"built-in workload: {', '.join(WORKLOADS)}")
     src.add_argument("--workload-file", metavar="PATH",
-                     help="JSON list of requests, a request trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens), "
-                          "or a request trace with prefix hashes, JSON lines (.jsonl) of {timestamp, input_length, "
+                     help="JSON list of requests, a request log CSV (TIMESTAMP, ContextTokens, GeneratedTokens), "
+                          "or a request log with prefix hashes, JSON lines (.jsonl) of {timestamp, input_length, "
                           "output_length, hash_ids} as Mooncake publishes")
-    t = p.add_argument_group("request traces (--workload-file *.csv or *.jsonl)")
-    defaults = TraceOptions()
-    t.add_argument("--trace-start", type=int, metavar="ROW", help="rows to skip (default 0)")
-    t.add_argument("--trace-count", type=int, metavar="N", help="requests to take (default: the rest)")
+    t = p.add_argument_group("request logs (--workload-file *.csv or *.jsonl)")
+    defaults = LogOptions()
+    add_renamed(t, "--log-start", "--trace-start", type=int, metavar="ROW", help="rows to skip (default 0)")
+    add_renamed(t, "--log-count", "--trace-count", type=int, metavar="N", help="requests to take (default: the rest)")
     t.add_argument("--seconds-per-step", type=float, metavar="S",
-                   help=f"trace seconds one engine step stands for (default {defaults.seconds_per_step:g})")
+                   help=f"the log's seconds one engine step stands for (default {defaults.seconds_per_step:g})")
     t.add_argument("--rate", type=float, metavar="X", help="arrival rate multiplier (default 1)")
     t.add_argument("--max-tokens", metavar="context|answer|N",
                    help="what a request may write, i.e. what Orca (Max) reserves beyond the prompt: up to the "
                         f"max context (default, {defaults.max_context:,} tokens), the answer's own length, or a fixed cap N")
     t.add_argument("--max-context", type=int, metavar="N",
-                   help=f"the model's context (default {defaults.max_context:,}; {HASH_TRACE_CONTEXT:,} for a .jsonl trace)")
-    t.add_argument("--length-scale", type=_scale, metavar="F",
-                   help="scale every length, e.g. 0.125 or 1/8 (default 1); in a .jsonl trace a 512-token hash block "
+                   help=f"the model's context (default {defaults.max_context:,}; {HASHED_LOG_CONTEXT:,} for a .jsonl log)")
+    t.add_argument("--length-scale", type=length_scale, metavar="F",
+                   help="scale every length, e.g. 0.125 or 1/8 (default 1); in a .jsonl log a 512-token hash block "
                         "becomes 512*F tokens, a whole number the block size must divide")
     pool = setting_spec("pool_slots").default
     add_engine_args(p, default_notes={"pool_slots": f"default: the workload's pool size, else {pool}"})
-    p.add_argument("--trace-out", metavar="PATH", help="write every step's snapshot as JSON lines")
+    p.add_argument("--trace-out", metavar="PATH",
+                   help="record the run as a pagedkv trace (every step, JSON lines) for replay and the app")
     p.add_argument("--json", action="store_true", help="print one JSON object (the run summary)")
     add_kv_events_args(p)
     p.set_defaults(func=cmd_simulate)
@@ -89,10 +85,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     check_kv_events(args, config_from_args(args, pool_slots=setting_spec("pool_slots").default).allocator)
     if args.trace_out:
         check_writable(args.trace_out, "trace")
-    options = {name: getattr(args, flag) for name, flag in TRACE_FLAGS.items() if getattr(args, flag) is not None}
+    options = {name: getattr(args, flag) for name, flag in LOG_FLAGS.items() if getattr(args, flag) is not None}
     if args.workload is not None:
         if options:
-            raise ConfigError(f"--{TRACE_FLAGS[sorted(options)[0]].replace('_', '-')} applies only to --workload-file "
+            raise ConfigError(f"--{LOG_FLAGS[sorted(options)[0]].replace('_', '-')} applies only to --workload-file "
                               f"*.csv or *.jsonl")
         workload = build_workload(args.workload, args.seed)
     else:

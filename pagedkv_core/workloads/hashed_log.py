@@ -1,4 +1,4 @@
-"""Request traces that carry prefix hashes (Mooncake's JSON-lines format) as workloads.
+"""Request logs that carry prefix hashes (Mooncake's JSON-lines format: a "hashed log") as workloads.
 
 One request a line: ``{"timestamp": ms since the start, "input_length": prompt tokens,
 "output_length": answer tokens, "hash_ids": [...]}`` (other keys are ignored). ``hash_ids`` holds
@@ -11,22 +11,22 @@ published, so pagedkv makes them from the ids:
   (:func:`token_run`): its first two tokens spell the id in base 49,149 (the scripted
   vocabulary past the special tokens), the rest are a PCG64 stream seeded with the id through
   the splitmix64 mixer of :mod:`pagedkv_core.sources.scripted`; a request's last, partial block takes
-  the first tokens of its id's run. Equal ids give equal runs, so a prefix shared in the trace
+  the first tokens of its id's run. Equal ids give equal runs, so a prefix shared in the log
   is a prefix shared in the engine; distinct ids (below 49,149² ≈ 2.4·10⁹) give runs that differ
   in their first two tokens, so at any block size of two tokens or more the engine's chained
-  block hashes match exactly where the trace's ids do. At block size 1 two ids that follow the
+  block hashes match exactly where the log's ids do. At block size 1 two ids that follow the
   same parent share a one-token block when they are equal modulo 49,149 (408 such pairs in the
-  shipped trace), a token of sharing the trace does not have.
+  shipped log), a token of sharing the log does not have.
 - **Scale.** With ``length_scale`` f a hash block is 512·f tokens (f = 1/16: 32), which must be
   a whole number. An engine block size that divides it keeps the sharing exact; one that does
   not would split hash blocks across engine blocks, and is refused (:func:`block_size_problem`).
-- **Options** are those of a CSV request trace (:class:`~pagedkv_core.workloads.scenarios.TraceOptions`:
+- **Options** are those of a CSV request log (:class:`~pagedkv_core.workloads.scenarios.LogOptions`:
   which rows, time scale, length scale, what a request may write), read the same way; only the
-  default context differs: :data:`DEFAULT_CONTEXT` tokens (every request of the shipped trace
-  fits it), where a CSV trace's is 2,048 (its prompts are short). A bad line is refused with its
+  default context differs: :data:`DEFAULT_CONTEXT` tokens (every request of the shipped log
+  fits it), where a CSV log's is 2,048 (its prompts are short). A bad line is refused with its
   line number and field, under the limits of every workload file (size, rows, requests, tokens).
 
-The shipped trace is Mooncake's conversation trace (FAST'25, Apache-2.0; see
+The shipped log is Mooncake's conversation trace (FAST'25, Apache-2.0; see
 ``data/mooncake_fast25/``).
 """
 from __future__ import annotations
@@ -41,35 +41,35 @@ import numpy as np
 
 from ..config import MAX_BLOCK_SIZE, ConfigError
 from ..safe_io import loads_json
-from ..sources.scripted import FIRST_TOKEN, VOCAB_SIZE, _mix as splitmix64
+from ..sources.scripted import FIRST_TOKEN, VOCAB_SIZE, splitmix64
 from .scenarios import (
     DATA_DIR,
-    MAX_TRACE_REQUESTS,
-    MAX_TRACE_ROWS,
-    TraceOptions,
+    MAX_LOG_REQUESTS,
+    MAX_LOG_ROWS,
+    LogOptions,
     Workload,
     WorkloadRequest,
     _check_total_tokens,
     _open_bytes,
-    _open_trace,
+    _open_log,
     _row_problem,
-    _trace_description,
+    _log_description,
     select_window,
 )
 
-HASH_BLOCK = 512  # prompt tokens per hash id in the trace
-DEFAULT_CONTEXT = 131_072  # the context a hash trace's "context" mode assumes (the longest shipped request: 126,195 + 2,000 fits)
+HASH_BLOCK = 512  # prompt tokens per hash id in the log
+DEFAULT_CONTEXT = 131_072  # the context a hashed log's "context" mode assumes (the longest shipped request: 126,195 + 2,000 fits)
 MAX_HASH_ID = (1 << 63) - 1
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_DIR = DATA_DIR / "mooncake_fast25"
-MOONCAKE_CONV_TRACE = MOONCAKE_DIR / "conversation_trace.jsonl"
+MOONCAKE_CONV_LOG = MOONCAKE_DIR / "conversation_trace.jsonl"
 MOONCAKE_SOURCE = ("Mooncake conversation trace (FAST'25 release, Apache-2.0; Qin et al., \"Mooncake: Trading More "
                    "Storage for Less Computation\", USENIX FAST 2025)")
 
 
 @dataclass(frozen=True)
-class HashTraceRow:
-    """One request of a hash trace, as the file states it."""
+class HashedLogRow:
+    """One request of a hashed log, as the file states it."""
 
     line: int  # 1 = the file's first line
     time_s: float  # timestamp, in seconds
@@ -85,7 +85,7 @@ def hash_block_tokens(length_scale: float) -> int:
     whole = round(size)
     if whole < 1 or abs(size - whole) > 1e-9:
         raise ConfigError(f"length_scale {length_scale:g} makes a {HASH_BLOCK}-token hash block {size:g} tokens; "
-                          f"a hash trace needs a whole number, e.g. length scale 1/16 (32 tokens) or 1/8 (64)")
+                          f"a hashed log needs a whole number, e.g. length scale 1/16 (32 tokens) or 1/8 (64)")
     return whole
 
 
@@ -102,7 +102,7 @@ def token_run(hash_id: int, block_tokens: int) -> tuple[int, ...]:
     return head + tuple(rng.integers(FIRST_TOKEN, VOCAB_SIZE, size=block_tokens - 2).tolist())
 
 
-def scaled_prompt_len(row: HashTraceRow, block_tokens: int) -> int:
+def scaled_prompt_len(row: HashedLogRow, block_tokens: int) -> int:
     """The prompt's length at the scale where a hash block is ``block_tokens``: every block but
     the last in full, the last one's share scaled (rounded, at least one token)."""
     n = len(row.hash_ids)
@@ -133,13 +133,13 @@ def dividing_block_sizes(block_tokens: int) -> list[int]:
 
 
 def block_size_problem(block_tokens: int, block_size: int) -> str | None:
-    """Why an engine block size cannot replay a hash trace whose blocks are ``block_tokens``
+    """Why an engine block size cannot replay a hashed log whose blocks are ``block_tokens``
     tokens (None: it divides them, and the sharing is exact)."""
     if block_tokens % block_size == 0:
         return None
     sizes = dividing_block_sizes(block_tokens)
     listed = ", ".join(map(str, sizes[:-1])) + f" or {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
-    return (f"block size {block_size} does not divide the trace's {block_tokens}-token hash blocks, so its shared "
+    return (f"block size {block_size} does not divide the log's {block_tokens}-token hash blocks, so its shared "
             f"prefixes would not line up with the engine's blocks; use a block size of {listed}")
 
 
@@ -152,7 +152,7 @@ def _int(where: str, obj: dict, key: str, lo: int, hi: int | None = None) -> int
     return value
 
 
-def _row(where: str, line: int, text: str) -> HashTraceRow:
+def _row(where: str, line: int, text: str) -> HashedLogRow:
     obj = loads_json(text, where, max_depth=3)
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: must be a JSON object with {', '.join(FIELDS)}, got {type(obj).__name__}")
@@ -174,11 +174,11 @@ def _row(where: str, line: int, text: str) -> HashTraceRow:
     if len(ids) != need:
         raise ConfigError(f"{where}: hash_ids has {len(ids):,} ids, but input_length {prompt:,} is {need:,} "
                           f"blocks of {HASH_BLOCK} tokens (one id each)")
-    return HashTraceRow(line, t / 1000.0, prompt, answer, tuple(ids))
+    return HashedLogRow(line, t / 1000.0, prompt, answer, tuple(ids))
 
 
-def hash_trace_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterator[HashTraceRow]:
-    """Stream the requests of a hash trace after the first ``start`` (those are counted, not
+def hashed_log_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterator[HashedLogRow]:
+    """Stream the requests of a hashed log after the first ``start`` (those are counted, not
     parsed); blank lines are skipped. Raises ConfigError naming the line and the field."""
     row = 0
     line = 0
@@ -188,23 +188,23 @@ def hash_trace_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterato
                 if not text.strip():
                     continue
                 row += 1
-                if row > MAX_TRACE_ROWS:
-                    raise ConfigError(f"{name}: more than {MAX_TRACE_ROWS:,} requests; use a shorter trace")
+                if row > MAX_LOG_ROWS:
+                    raise ConfigError(f"{name}: more than {MAX_LOG_ROWS:,} requests; use a shorter request log")
                 if row <= start:
                     continue
                 yield _row(f"{name} line {line}", line, text)
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{name}: not UTF-8 text after line {line} ({exc.reason})") from None
         except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
-            raise ConfigError(f"{name}: cannot read the trace: {exc}") from None
+            raise ConfigError(f"{name}: cannot read the request log: {exc}") from None
 
 
-def read_hash_trace(path, start: int = 0, count: int | None = None) -> list[HashTraceRow]:
-    """The requests of a hash trace file after the first ``start``: ``count`` of them (None: all).
+def read_hashed_log(path, start: int = 0, count: int | None = None) -> list[HashedLogRow]:
+    """The requests of a hashed log file after the first ``start``: ``count`` of them (None: all).
     For callers that need the ids themselves (:mod:`pagedkv_core.workloads.prefix_replay`, the benchmark)."""
     path = Path(path)
     rows = []
-    for r in hash_trace_rows(_open_trace(path), path.name, start):
+    for r in hashed_log_rows(_open_log(path), path.name, start):
         rows.append(r)
         if len(rows) == count:
             break
@@ -213,37 +213,37 @@ def read_hash_trace(path, start: int = 0, count: int | None = None) -> list[Hash
     return rows
 
 
-def hash_trace_options(**options) -> TraceOptions:
-    """TraceOptions from keyword options (None = the default), with a hash trace's context."""
+def hashed_log_options(**options) -> LogOptions:
+    """LogOptions from keyword options (None = the default), with a hashed log's context."""
     given = {k: v for k, v in options.items() if v is not None}
-    return TraceOptions.of(**{"max_context": DEFAULT_CONTEXT, **given})
+    return LogOptions.of(**{"max_context": DEFAULT_CONTEXT, **given})
 
 
-def load_hash_trace(path, seed: int = 0, **options) -> Workload:
-    """A hash trace file as a workload (``options``: the fields of TraceOptions)."""
+def load_hashed_log(path, seed: int = 0, **options) -> Workload:
+    """A hashed log file as a workload (``options``: the fields of LogOptions)."""
     path = Path(path)
-    opt = hash_trace_options(**options)
+    opt = hashed_log_options(**options)
     hash_block_tokens(opt.length_scale)  # before the file is read
-    return hash_trace_workload(hash_trace_rows(_open_trace(path), path.name, opt.start), path.name, opt)
+    return hashed_log_workload(hashed_log_rows(_open_log(path), path.name, opt.start), path.name, opt)
 
 
-def hash_trace_from_bytes(data: bytes, name: str, seed: int = 0, **options) -> Workload:
-    """The same as :func:`load_hash_trace`, for an upload's bytes (size already checked)."""
-    opt = hash_trace_options(**options)
+def hashed_log_from_bytes(data: bytes, name: str, seed: int = 0, **options) -> Workload:
+    """The same as :func:`load_hashed_log`, for an upload's bytes (size already checked)."""
+    opt = hashed_log_options(**options)
     hash_block_tokens(opt.length_scale)
-    return hash_trace_workload(hash_trace_rows(_open_bytes(data, name), name, opt.start), name, opt)
+    return hashed_log_workload(hashed_log_rows(_open_bytes(data, name), name, opt.start), name, opt)
 
 
 # ---------------------------------------------------------------------------- the workload
-def hash_trace_workload(rows: Iterable[HashTraceRow], file_name: str, opt: TraceOptions, *, name: str | None = None,
+def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOptions, *, name: str | None = None,
                         description: str | None = None, limits: bool = True) -> Workload:
-    """Requests from hash-trace rows under ``opt``; request ``r<line>``'s prompt is made from
+    """Requests from hashed-log rows under ``opt``; request ``r<line>``'s prompt is made from
     its hash ids (:func:`prompt_tokens`). ``limits``: the bounds of every workload file (at most
-    MAX_TRACE_REQUESTS requests without a count, MAX_WORKLOAD_TOKENS prompt tokens); a trusted
-    caller (a benchmark over the whole shipped trace) may lift them with False."""
+    MAX_LOG_REQUESTS requests without a count, MAX_WORKLOAD_TOKENS prompt tokens); a trusted
+    caller (a benchmark over the whole shipped log) may lift them with False."""
     block = hash_block_tokens(opt.length_scale)
     w = select_window(rows, file_name, opt, where="line", prompt_len=lambda r: scaled_prompt_len(r, block),
-                      limit=(MAX_TRACE_REQUESTS if limits else None) if opt.count is None else opt.count)
+                      limit=(MAX_LOG_REQUESTS if limits else None) if opt.count is None else opt.count)
     kept, steps = w.kept, w.steps
     problems = [_row_problem(prompt, max(answer, mt)) for _r, prompt, answer, mt in kept]
     if limits:
@@ -258,7 +258,7 @@ def hash_trace_workload(rows: Iterable[HashTraceRow], file_name: str, opt: Trace
             continue
         reqs.append(WorkloadRequest(rid, prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step))
     if description is None:
-        description = _trace_description(file_name, opt, len(kept), kept[0][0].line, w.last, w.left_out, w.context,
+        description = _log_description(file_name, opt, len(kept), kept[0][0].line, w.last, w.left_out, w.context,
                                          w.cap)
         description = description.replace(" rows ", " lines ", 1) + f"; hash blocks of {block} tokens"
     return Workload(name or file_name, description, tuple(reqs), opt.pool_slots, hash_block=block)

@@ -1,19 +1,19 @@
-"""Real-model replay of a request trace: prompts of the trace's token lengths, made of real text.
+"""Real-model replay of a request log: prompts of the log's token lengths, made of real text.
 
-A trace such as Azure's publishes only sizes (prompt tokens, answer tokens), never text. To run
+A request log such as Azure's publishes only sizes (prompt tokens, answer tokens), never text. To run
 those sizes through the real model, each prompt is built to exactly its (scaled) length from
 real English: a one-turn chat whose user message is an excerpt of the passages in
 ``data/prompt_text.txt`` (public-domain prose) followed by one of the bundled chat questions
 (:data:`pagedkv_core.workloads.prompts.CHAT_PROMPTS`). The excerpt starts at a word, and the requests of
 one call start at different words (spread over the text by a stride, from a seeded first word),
 so the prompts share no more than the chat template's opening, as requests to one chat service
-do (about one 16-token block); the trace itself states nothing shared, and with the same start
+do (about one 16-token block); the log itself states nothing shared, and with the same start
 two prompts would share their excerpts too. The excerpt is cut to the token; prompts too short
-for the template are plain excerpts. Each request asks for exactly the trace's answer length with ``ignore_eos=True``, so
+for the template are plain excerpts. Each request asks for exactly the log's answer length with ``ignore_eos=True``, so
 the model writes exactly that many tokens whatever it would say.
 
-``scale`` shrinks every length (1/8 makes the Azure conversation trace, mean prompt ~1,000
-tokens, run on a CPU): ``max(1, round(n * scale))``, as :class:`~pagedkv_core.workloads.scenarios.TraceOptions`
+``scale`` shrinks every length (1/8 makes the Azure conversation log, mean prompt ~1,000
+tokens, run on a CPU): ``max(1, round(n * scale))``, as :class:`~pagedkv_core.workloads.scenarios.LogOptions`
 scales them for the scripted engine.
 """
 from __future__ import annotations
@@ -89,11 +89,11 @@ def _lengths(row) -> tuple[int, int]:
     return int(prompt_len), int(answer_len)
 
 
-def trace_requests(rows: Iterable, tokenizer, scale: float = 1 / 8, *, seed: int = 0, chat: bool = True,
+def log_requests(rows: Iterable, tokenizer, scale: float = 1 / 8, *, seed: int = 0, chat: bool = True,
                    **sampling) -> list[tuple[list[int], SamplingParams]]:
     """One ``(prompt_ids, SamplingParams)`` per row, in order: a prompt of exactly
     ``scale_length(prompt_len, scale)`` tokens and ``max_tokens`` = the scaled answer length,
-    with ``ignore_eos=True``. ``rows``: :class:`~pagedkv_core.workloads.scenarios.TraceRow` objects (or
+    with ``ignore_eos=True``. ``rows``: :class:`~pagedkv_core.workloads.scenarios.LogRow` objects (or
     anything with ``prompt_len`` and ``answer_len``) or ``(prompt_len, answer_len)`` pairs.
     ``seed`` picks where each excerpt starts and which question ends it; ``sampling`` passes
     further SamplingParams fields (temperature, seed, ...)."""

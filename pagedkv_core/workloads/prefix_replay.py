@@ -1,4 +1,4 @@
-"""The ideal prefix cache: a trace's block keys replayed through a cache of a given size.
+"""The ideal prefix cache: a request log's block keys replayed through a cache of a given size.
 
 No engine, no running sequences: requests come one at a time in arrival order, each into a
 cache of ``capacity`` blocks with nothing else in it, under the engine's own rules:
@@ -19,9 +19,9 @@ can run) and ``"unbounded"`` (``capacity`` ignored: the most any cache could ser
 rate is hit tokens / queried tokens, prompt tokens of admitted requests, as ``simulate --json``
 reports ``prefix_cache_hit_rate``.
 
-With a trace replayed at the scale where one engine block is one hash block
+With a hashed log replayed at the scale where one engine block is one hash block
 (``requests_from_rows``), an engine whose pool never holds two requests at once matches this
-replay exactly (``tests/test_hash_trace.py``); under real load the running sequences hold part of
+replay exactly (``tests/test_hashed_log.py``); under real load the running sequences hold part of
 the pool, so the engine's cache is smaller than its pool and its hit rate lower.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ class ReplayResult:
 
 
 def requests_from_rows(rows: Iterable, block_tokens: int) -> list[ReplayRequest]:
-    """Hash-trace rows (:class:`~pagedkv_core.workloads.hashed_log.HashTraceRow`) at the scale where a hash
+    """Hashed-log rows (:class:`~pagedkv_core.workloads.hashed_log.HashedLogRow`) at the scale where a hash
     block is ``block_tokens`` tokens: one key per hash block, the prompt scaled as the workload
     scales it."""
     from .hashed_log import scaled_prompt_len

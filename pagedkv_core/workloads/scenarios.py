@@ -11,7 +11,7 @@ Built-in (``--workload NAME``; each suggests a pool size, used unless ``--pool-s
 - ``burst``: 8 requests at step 0, then a spike of 32 at step 20 that forces preemption.
 - ``trickle``: 48 requests with Poisson arrivals (about one every four steps).
 
-- ``azure-conv``: 1,000 requests of Azure's production conversation trace (the shipped
+- ``azure-conv``: 1,000 requests of Azure's production conversation request log (the shipped
   ``data/azure_conv_2023.csv``) at their recorded arrival times into 65,536 slots.
 - ``azure-conv-small``: 200 of them with every length scaled by 1/8, into 4,096 slots (fast
   enough for the app's heatmaps).
@@ -19,9 +19,9 @@ Built-in (``--workload NAME``; each suggests a pool size, used unless ``--pool-s
 A workload file is either a JSON list of
 ``{"id": str, "prompt": [ints] | "prompt_len": int, "output_len": int, "max_tokens": int,
 "arrival_step": int = 0, "n": int = 1}`` (``prompt_len`` makes a seeded random prompt), or a
-request trace: a CSV (``.csv`` or gzipped ``.csv.gz``) with the columns ``TIMESTAMP``,
-``ContextTokens`` and ``GeneratedTokens``, one request per row, read by :func:`trace_workload`
-with the options of :class:`TraceOptions`, or a request trace with prefix hashes: JSON lines
+request log: a CSV (``.csv`` or gzipped ``.csv.gz``) with the columns ``TIMESTAMP``,
+``ContextTokens`` and ``GeneratedTokens``, one request per row, read by :func:`request_log_workload`
+with the options of :class:`LogOptions`, or a request log with prefix hashes: JSON lines
 (``.jsonl``, ``.jsonl.gz``) of ``{"timestamp", "input_length", "output_length", "hash_ids"}``,
 read by :mod:`pagedkv_core.workloads.hashed_log` with the same options.
 
@@ -30,9 +30,12 @@ Files are untrusted: every bound is in the limits section below. A file that bre
 line; a request whose value breaks a request-level bound is that request's rejection, with the
 reason, while the others run.
 
-The shipped trace is the Azure LLM inference trace 2023 (conversation service), published by
+The shipped request log is the Azure LLM inference trace 2023 (conversation service), published by
 Microsoft Azure under CC BY 4.0 with the attribution Patel et al., "Splitwise", ISCA 2024; see
 ``data/LICENSE-azure-trace.txt``.
+
+"Trace" in pagedkv means a recorded run (:mod:`pagedkv_core.record.trace_file`); a list of
+requests to replay, such as these, is a request log.
 """
 from __future__ import annotations
 
@@ -62,7 +65,7 @@ from ..sources.scripted import FIRST_TOKEN, VOCAB_SIZE
 # with the bound in its reason, while the others run. A real model narrows two of these at
 # arrival: the engine rejects prompts longer than the model's context and token ids outside
 # its vocabulary.
-MAX_WORKLOAD_FILE_BYTES = 64 << 20  # file: its size, checked before reading (a gzipped trace: compressed)
+MAX_WORKLOAD_FILE_BYTES = 64 << 20  # file: its size, checked before reading (a gzipped request log: compressed)
 MAX_JSON_DEPTH = 8  # file: a workload is a list of objects holding lists (depth 3)
 MAX_REQUESTS = 10_000  # file: requests per JSON workload (the engine's per-step cost grows with the queue)
 MAX_WORKLOAD_TOKENS = 1 << 22  # file: prompt tokens of all its requests together, made ones included
@@ -101,11 +104,11 @@ class Workload:
     description: str
     requests: tuple[WorkloadRequest, ...]
     pool_slots: int = 2048  # suggested pool size
-    hash_block: int | None = None  # a hash trace's tokens per hash block: a paged block size must divide it
+    hash_block: int | None = None  # a hashed log's tokens per hash block: a paged block size must divide it
 
     def block_size_problem(self, config) -> str | None:
         """Why ``config`` (an EngineConfig) cannot run this workload with its sharing exact:
-        a paged block size that does not divide a hash trace's blocks (None: it can)."""
+        a paged block size that does not divide a hashed log's blocks (None: it can)."""
         if self.hash_block is None:
             return None
         from ..kv.registry import allocator_kind
@@ -118,7 +121,7 @@ class Workload:
     def submit(self, engine) -> None:
         """Add every request to ``engine``; one with a ``reject_reason`` ends as rejected,
         with that reason, at its arrival step. Raises ConfigError (before adding any) when the
-        engine's block size does not divide a hash trace's blocks."""
+        engine's block size does not divide a hashed log's blocks."""
         problem = self.block_size_problem(engine.config)
         if problem is not None:
             raise ConfigError(f"{self.name}: {problem}")
@@ -329,16 +332,16 @@ def _checked_request(where: str, rid: str, obj: dict) -> tuple[str, dict, list |
 
 
 def load_workload_file(path, seed: int = 0, **options) -> Workload:
-    """A workload from a file: a request trace (``.csv``, ``.csv.gz``, or a hash trace ``.jsonl``,
-    ``.jsonl.gz``; ``options`` are the fields of :class:`TraceOptions`) or a JSON list of requests
+    """A workload from a file: a request log (``.csv``, ``.csv.gz``, or a hashed log ``.jsonl``,
+    ``.jsonl.gz``; ``options`` are the fields of :class:`LogOptions`) or a JSON list of requests
     (no options). Raises ConfigError."""
     path = Path(path)
-    if _is_hash_trace_name(path.name):
-        from .hashed_log import load_hash_trace
+    if _is_hashed_log_name(path.name):
+        from .hashed_log import load_hashed_log
 
-        return load_hash_trace(path, seed, **options)
-    if _is_trace_name(path.name):
-        return trace_workload(path, seed, TraceOptions.of(**options))
+        return load_hashed_log(path, seed, **options)
+    if _is_csv_log_name(path.name):
+        return request_log_workload(path, seed, LogOptions.of(**options))
     _check_no_options(path.name, options)
     data = read_bytes_capped(path, MAX_WORKLOAD_FILE_BYTES, "workload file")
     return _json_workload(data, f"workload file {str(path)!r}", path.name, seed)
@@ -346,17 +349,17 @@ def load_workload_file(path, seed: int = 0, **options) -> Workload:
 
 def workload_from_bytes(data: bytes, name: str, seed: int = 0, **options) -> Workload:
     """The same as :func:`load_workload_file`, for an upload's bytes; ``name`` (the file name)
-    says which kind it is: a trace when it ends in ``.csv`` or ``.csv.gz``, a hash trace when it
+    says which kind it is: a CSV request log when it ends in ``.csv`` or ``.csv.gz``, a hashed log when it
     ends in ``.jsonl`` or ``.jsonl.gz``, else JSON."""
     if len(data) > MAX_WORKLOAD_FILE_BYTES:
         raise ConfigError(f"{name}: {len(data):,} bytes is more than the {MAX_WORKLOAD_FILE_BYTES:,} a workload file may have")
-    if _is_hash_trace_name(name):
-        from .hashed_log import hash_trace_from_bytes
+    if _is_hashed_log_name(name):
+        from .hashed_log import hashed_log_from_bytes
 
-        return hash_trace_from_bytes(data, name, seed, **options)
-    if _is_trace_name(name):
-        opt = TraceOptions.of(**options)
-        return _trace_from_rows(_trace_rows(_open_bytes(data, name), name, opt.start), name, seed, opt)
+        return hashed_log_from_bytes(data, name, seed, **options)
+    if _is_csv_log_name(name):
+        opt = LogOptions.of(**options)
+        return _log_from_rows(_csv_log_rows(_open_bytes(data, name), name, opt.start), name, seed, opt)
     _check_no_options(name, options)
     return _json_workload(data, name, name, seed)
 
@@ -368,27 +371,27 @@ def _json_workload(data: bytes, label: str, name: str, seed: int) -> Workload:
 def _check_no_options(name: str, options: dict) -> None:
     given = sorted(k for k, v in options.items() if v is not None)
     if given:
-        raise ConfigError(f"{name}: {', '.join(given)} apply only to request traces (.csv, .csv.gz, .jsonl, .jsonl.gz)")
+        raise ConfigError(f"{name}: {', '.join(given)} apply only to request logs (.csv, .csv.gz, .jsonl, .jsonl.gz)")
 
 
-# ---------------------------------------------------------------------------- request traces
+# ---------------------------------------------------------------------------- request logs (CSV)
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-AZURE_CONV_TRACE = DATA_DIR / "azure_conv_2023.csv"
+AZURE_CONV_LOG = DATA_DIR / "azure_conv_2023.csv"
 AZURE_SOURCE = (
     "Azure LLM inference trace 2023, conversation service (Microsoft Azure, CC BY 4.0; "
     "Patel et al., Splitwise, ISCA 2024)"
 )
-TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-MAX_TRACE_REQUESTS = 5000  # requests one trace workload may hold (each carries its prompt's token ids)
-MAX_TRACE_ROWS = 1 << 20  # rows a trace may have up to the last one used
+LOG_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MAX_LOG_REQUESTS = 5000  # requests one request-log workload may hold (each carries its prompt's token ids)
+MAX_LOG_ROWS = 1 << 20  # rows a request log may have up to the last one used
 DEFAULT_MAX_CONTEXT = 2048  # OPT-13B's, the model of the vLLM paper's Orca baselines
 DEFAULT_SECONDS_PER_STEP = 0.05  # one batched decode step of a 13B model on one GPU, roughly
-TRACE_POOL_SLOTS = 65536  # suggested pool for a trace workload
+LOG_POOL_SLOTS = 65536  # suggested pool for a request-log workload
 
 
 @dataclass(frozen=True)
-class TraceRow:
-    """One request of a trace, as the file states it."""
+class LogRow:
+    """One request of a CSV request log, as the file states it."""
 
     row: int  # 1 = the first row after the header
     time_s: float  # TIMESTAMP in seconds (date-times: since the epoch, UTC)
@@ -397,14 +400,14 @@ class TraceRow:
 
 
 @dataclass(frozen=True)
-class TraceOptions:
-    """How a trace becomes a workload. Every length here is in the trace's tokens: a
+class LogOptions:
+    """How a request log becomes a workload. Every length here is in the log's tokens: a
     ``length_scale`` scales the prompts, the answers, ``max_context`` and a fixed
-    ``max_tokens`` alike (each rounded, at least 1), so a replay keeps the trace's shape.
+    ``max_tokens`` alike (each rounded, at least 1), so a replay keeps the log's shape.
 
     - ``start``, ``count``: skip ``start`` rows, then take ``count`` requests (None: the rest,
-      at most :data:`MAX_TRACE_REQUESTS`).
-    - ``seconds_per_step``: trace seconds one engine step stands for; ``rate`` multiplies the
+      at most :data:`MAX_LOG_REQUESTS`).
+    - ``seconds_per_step``: the log's seconds one engine step stands for; ``rate`` multiplies the
       arrival rate (2.0 = arrivals twice as dense). Request ``i`` arrives at step
       ``floor((t_i - t_first) * rate / seconds_per_step)``.
     - ``max_tokens``: what a request may write, which is what the contiguous Orca (Max)
@@ -423,12 +426,12 @@ class TraceOptions:
     max_tokens: str | int = "context"
     max_context: int = DEFAULT_MAX_CONTEXT
     length_scale: float = 1.0
-    pool_slots: int = TRACE_POOL_SLOTS
+    pool_slots: int = LOG_POOL_SLOTS
 
     def __post_init__(self) -> None:
         _check_int("start", self.start, 0)
         if self.count is not None:
-            _check_int("count", self.count, 1, MAX_TRACE_REQUESTS)
+            _check_int("count", self.count, 1, MAX_LOG_REQUESTS)
         _check_positive("seconds_per_step", self.seconds_per_step)
         _check_positive("rate", self.rate)
         _check_positive("length_scale", self.length_scale, hi=1.0)
@@ -443,12 +446,12 @@ class TraceOptions:
         object.__setattr__(self, "max_tokens", mode)
 
     @classmethod
-    def of(cls, **options) -> "TraceOptions":
+    def of(cls, **options) -> "LogOptions":
         """From keyword options (None = the default); unknown names are a ConfigError."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
-            raise ConfigError(f"unknown trace option(s) {', '.join(unknown)}: use {', '.join(sorted(names))}")
+            raise ConfigError(f"unknown request-log option(s) {', '.join(unknown)}: use {', '.join(sorted(names))}")
         return cls(**{k: v for k, v in options.items() if v is not None})
 
     def scaled(self, n: int) -> int:
@@ -456,7 +459,7 @@ class TraceOptions:
 
 
 def scale_length(n: int, scale: float) -> int:
-    """A trace length at ``scale``: rounded, and at least one token."""
+    """A request-log length at ``scale``: rounded, and at least one token."""
     return max(1, round(n * scale))
 
 
@@ -475,17 +478,17 @@ def _check_positive(name: str, value, hi: float | None = None) -> None:
         raise ConfigError(f"{name} must be at most {hi:g}, got {value!r}")
 
 
-def _is_hash_trace_name(name: str) -> bool:
+def _is_hashed_log_name(name: str) -> bool:
     lower = name.lower()
     return lower.endswith(".jsonl") or lower.endswith(".jsonl.gz")
 
 
-def is_request_trace_name(name: str) -> bool:
-    """Whether a workload file is a request trace (CSV or hash trace), which takes TraceOptions."""
-    return _is_trace_name(name) or _is_hash_trace_name(name)
+def is_request_log_name(name: str) -> bool:
+    """Whether a workload file is a request log (CSV, or JSON lines with hash ids), which takes LogOptions."""
+    return _is_csv_log_name(name) or _is_hashed_log_name(name)
 
 
-def _is_trace_name(name: str) -> bool:
+def _is_csv_log_name(name: str) -> bool:
     lower = name.lower()
     return lower.endswith(".csv") or lower.endswith(".csv.gz")
 
@@ -496,9 +499,9 @@ def _open_bytes(data: bytes, name: str) -> io.TextIOBase:
     return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
 
 
-def _open_trace(path: Path) -> io.TextIOBase:
-    """The trace as a text stream, once it is known to be a regular file within the size cap."""
-    raw = open_capped(path, MAX_WORKLOAD_FILE_BYTES, "trace")
+def _open_log(path: Path) -> io.TextIOBase:
+    """The request log as a text stream, once it is known to be a regular file within the size cap."""
+    raw = open_capped(path, MAX_WORKLOAD_FILE_BYTES, "request log")
     if path.name.lower().endswith(".gz"):
         return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8-sig", newline="")
     return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
@@ -532,8 +535,8 @@ def _seconds(where: str, text: str) -> float:
     return value
 
 
-def _trace_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterator[TraceRow]:
-    """Stream the rows of a trace CSV after the first ``start`` (those are not parsed). The
+def _csv_log_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterator[LogRow]:
+    """Stream the rows of a CSV request log after the first ``start`` (those are not parsed). The
     header names the columns (any order, extra columns ignored). Raises ConfigError naming the
     row and the column of the first bad value."""
     row = 0
@@ -542,47 +545,47 @@ def _trace_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterator[Tr
             reader = csv.reader(stream)
             header = next((h for h in reader if any(c.strip() for c in h)), None)
             if header is None:
-                raise ConfigError(f"{name}: the trace is empty (expected a header {','.join(TRACE_COLUMNS)})")
+                raise ConfigError(f"{name}: the request log is empty (expected a header {','.join(LOG_COLUMNS)})")
             names = [h.strip() for h in header]
-            missing = [c for c in TRACE_COLUMNS if c not in names]
+            missing = [c for c in LOG_COLUMNS if c not in names]
             if missing:
                 raise ConfigError(
-                    f"{name}: missing column(s) {', '.join(missing)} in the header (a trace needs {', '.join(TRACE_COLUMNS)})"
+                    f"{name}: missing column(s) {', '.join(missing)} in the header (a request log needs {', '.join(LOG_COLUMNS)})"
                 )
-            cols = [names.index(c) for c in TRACE_COLUMNS]
+            cols = [names.index(c) for c in LOG_COLUMNS]
             width = max(cols) + 1
             for fields_ in reader:
                 if not any(f.strip() for f in fields_):
                     continue  # blank line
                 row += 1
-                if row > MAX_TRACE_ROWS:
-                    raise ConfigError(f"{name}: more than {MAX_TRACE_ROWS:,} rows; use a shorter trace")
+                if row > MAX_LOG_ROWS:
+                    raise ConfigError(f"{name}: more than {MAX_LOG_ROWS:,} rows; use a shorter request log")
                 if row <= start:
                     continue
                 where = f"{name} row {row}"
                 if len(fields_) < width:
-                    lacking = [c for c, i in zip(TRACE_COLUMNS, cols) if i >= len(fields_)]
+                    lacking = [c for c, i in zip(LOG_COLUMNS, cols) if i >= len(fields_)]
                     raise ConfigError(f"{where}: no value for {', '.join(lacking)}")
                 t, p, a = (fields_[i] for i in cols)
-                yield TraceRow(row, _seconds(where, t), _whole(where, "ContextTokens", p), _whole(where, "GeneratedTokens", a))
+                yield LogRow(row, _seconds(where, t), _whole(where, "ContextTokens", p), _whole(where, "GeneratedTokens", a))
         except csv.Error as exc:
             raise ConfigError(f"{name}: not a readable CSV after row {row}: {exc}") from None
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{name}: not UTF-8 text ({exc.reason})") from None
         except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
-            raise ConfigError(f"{name}: cannot read the trace: {exc}") from None
+            raise ConfigError(f"{name}: cannot read the request log: {exc}") from None
 
 
-def read_trace_rows(path, start: int = 0, count: int | None = None) -> list[TraceRow]:
-    """Rows of a trace file after the first ``start``: ``count`` of them (None: all, at most
-    :data:`MAX_TRACE_REQUESTS`). For callers that need the lengths themselves (the real-model
+def read_log_rows(path, start: int = 0, count: int | None = None) -> list[LogRow]:
+    """Rows of a CSV request log after the first ``start``: ``count`` of them (None: all, at most
+    :data:`MAX_LOG_REQUESTS`). For callers that need the lengths themselves (the real-model
     replay of :mod:`pagedkv_core.workloads.log_prompts`)."""
     path = Path(path)
-    rows: list[TraceRow] = []
-    limit = MAX_TRACE_REQUESTS if count is None else count
-    for r in _trace_rows(_open_trace(path), path.name, start):
+    rows: list[LogRow] = []
+    limit = MAX_LOG_REQUESTS if count is None else count
+    for r in _csv_log_rows(_open_log(path), path.name, start):
         if len(rows) == limit:  # only without a count
-            raise ConfigError(f"{path.name}: more than {MAX_TRACE_REQUESTS:,} rows after row {start:,}: give a row count")
+            raise ConfigError(f"{path.name}: more than {MAX_LOG_REQUESTS:,} rows after row {start:,}: give a row count")
         rows.append(r)
         if len(rows) == count:
             break
@@ -591,18 +594,18 @@ def read_trace_rows(path, start: int = 0, count: int | None = None) -> list[Trac
     return rows
 
 
-def trace_workload(path, seed: int = 0, options: TraceOptions | None = None, *, name: str | None = None,
+def request_log_workload(path, seed: int = 0, options: LogOptions | None = None, *, name: str | None = None,
                    description: str | None = None) -> Workload:
-    """A trace file as a workload (see :class:`TraceOptions`); prompts are seeded random tokens
+    """A CSV request log as a workload (see :class:`LogOptions`); prompts are seeded random tokens
     of each row's ContextTokens. Reads the file as a stream and stops after the last request used."""
     path = Path(path)
-    options = options or TraceOptions()
-    return _trace_from_rows(_trace_rows(_open_trace(path), path.name, options.start), path.name, seed, options,
+    options = options or LogOptions()
+    return _log_from_rows(_csv_log_rows(_open_log(path), path.name, options.start), path.name, seed, options,
                             name=name, description=description)
 
 
 @dataclass
-class TraceWindow:
+class LogWindow:
     """The requests a request log's options keep (:func:`select_window`): ``kept`` holds
     (row, prompt_len, output_len, max_tokens) in file order, ``steps`` each one's arrival step."""
 
@@ -614,9 +617,9 @@ class TraceWindow:
     cap: int | None  # max_tokens when it is a number of tokens
 
 
-def select_window(rows: Iterable, file_name: str, opt: TraceOptions, *, where: str, prompt_len,
-                  limit: int | None) -> TraceWindow:
-    """The window of a request log (a CSV trace's rows, a hash trace's lines) that ``opt`` asks
+def select_window(rows: Iterable, file_name: str, opt: LogOptions, *, where: str, prompt_len,
+                  limit: int | None) -> LogWindow:
+    """The window of a request log (a CSV log's rows, a hashed log's lines) that ``opt`` asks
     for: from ``opt.start``, ``opt.count`` requests (at most ``limit`` without a count: one more
     is an error), each with its prompt (``prompt_len(row)``, scaled), answer and ``max_tokens``,
     and its arrival step from the first kept request's time. ``where``: "row" (``row.row``) or
@@ -657,13 +660,13 @@ def select_window(rows: Iterable, file_name: str, opt: TraceOptions, *, where: s
             raise ConfigError(f"{file_name} {where} {getattr(r, where)}: arrives at step {at:,.0f}, beyond "
                               f"{MAX_ARRIVAL_STEP:,}; use more seconds per step or fewer {fewer}")
         steps.append(int(at))
-    return TraceWindow(kept, steps, left_out, last, context, cap)
+    return LogWindow(kept, steps, left_out, last, context, cap)
 
 
-def _trace_from_rows(rows: Iterable[TraceRow], file_name: str, seed: int, opt: TraceOptions, *,
+def _log_from_rows(rows: Iterable[LogRow], file_name: str, seed: int, opt: LogOptions, *,
                      name: str | None = None, description: str | None = None) -> Workload:
     w = select_window(rows, file_name, opt, where="row", prompt_len=lambda r: opt.scaled(r.prompt_len),
-                      limit=MAX_TRACE_REQUESTS if opt.count is None else opt.count)
+                      limit=MAX_LOG_REQUESTS if opt.count is None else opt.count)
     kept, steps = w.kept, w.steps
     problems = [_row_problem(prompt, max(answer, max_tokens)) for _r, prompt, answer, max_tokens in kept]
     _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
@@ -676,12 +679,12 @@ def _trace_from_rows(rows: Iterable[TraceRow], file_name: str, seed: int, opt: T
         rng = np.random.default_rng([seed, r.row])
         reqs.append(WorkloadRequest(f"r{r.row}", _tokens(rng, prompt), answer, max_tokens, arrival_step=step))
     if description is None:
-        description = _trace_description(file_name, opt, len(kept), kept[0][0].row, w.last, w.left_out, w.context, w.cap)
+        description = _log_description(file_name, opt, len(kept), kept[0][0].row, w.last, w.left_out, w.context, w.cap)
     return Workload(name or file_name, description, tuple(reqs), opt.pool_slots)
 
 
 def _row_problem(prompt: int, answer: int) -> str | None:
-    """Why a trace row's request is rejected (its lengths over the request-level bounds), or None."""
+    """Why a request-log row's request is rejected (its lengths over the request-level bounds), or None."""
     if prompt > MAX_PROMPT_LEN:
         return f"prompt of {prompt:,} tokens is longer than the {MAX_PROMPT_LEN:,} allowed"
     if answer > MAX_OUTPUT_LEN:
@@ -689,7 +692,7 @@ def _row_problem(prompt: int, answer: int) -> str | None:
     return None
 
 
-def _trace_description(file_name: str, opt: TraceOptions, n: int, first: int, last: int, left_out: int,
+def _log_description(file_name: str, opt: LogOptions, n: int, first: int, last: int, left_out: int,
                        context: int, cap: int | None) -> str:
     parts = [f"{n:,} requests from rows {first:,}-{last:,} of {file_name}"]
     if left_out:
@@ -697,7 +700,7 @@ def _trace_description(file_name: str, opt: TraceOptions, n: int, first: int, la
     if opt.length_scale != 1:
         parts.append(f"lengths x {opt.length_scale:g}")
     step_ms = opt.seconds_per_step / opt.rate * 1000
-    parts.append(f"1 step = {step_ms:g} ms of trace time")
+    parts.append(f"1 step = {step_ms:g} ms of the log's time")
     if opt.max_tokens == "context":
         parts.append(f"max_tokens = the {context:,}-token context minus the prompt")
     elif opt.max_tokens == "answer":
@@ -708,38 +711,38 @@ def _trace_description(file_name: str, opt: TraceOptions, n: int, first: int, la
 
 
 # ---------------------------------------------------------------------------- the registry
-# The Azure trace scenarios: real prompt and answer lengths at their recorded arrival times (the
-# prompts' token ids are seeded random: the trace publishes sizes only, so nothing is shared).
+# The Azure request-log scenarios: real prompt and answer lengths at their recorded arrival times (the
+# prompts' token ids are seeded random: the log publishes sizes only, so nothing is shared).
 # At 50 ms a step the full-size window keeps ~50 requests running on the paged pool, and more
 # waiting than reserve-the-maximum can run. The small one scales every length by 1/8 and the
 # step to 400 ms (a request lives 1/8 as many steps, so the same time per request), into a pool
 # small enough for the app's heatmaps; it is busier than the full one (the paged side preempts).
 AZURE_CONV_OPTIONS = dict(count=1000, max_tokens="context", max_context=DEFAULT_MAX_CONTEXT,
-                          seconds_per_step=DEFAULT_SECONDS_PER_STEP, pool_slots=TRACE_POOL_SLOTS)
+                          seconds_per_step=DEFAULT_SECONDS_PER_STEP, pool_slots=LOG_POOL_SLOTS)
 AZURE_CONV_SMALL_OPTIONS = dict(count=200, max_tokens="context", max_context=DEFAULT_MAX_CONTEXT,
                                 length_scale=1 / 8, seconds_per_step=8 * DEFAULT_SECONDS_PER_STEP, pool_slots=4096)
 
 
 def _azure_scenario(name: str, title: str, options: dict, seed: int) -> Workload:
-    opt = TraceOptions(**options)
-    w = _trace_from_rows(_shipped_rows(opt.start), AZURE_CONV_TRACE.name, seed, opt)
+    opt = LogOptions(**options)
+    w = _log_from_rows(_shipped_rows(opt.start), AZURE_CONV_LOG.name, seed, opt)
     return Workload(name, f"{title}: {w.description}. Data: {AZURE_SOURCE}", w.requests, w.pool_slots)
 
 
 def azure_conv(seed: int = 0) -> Workload:
-    return _azure_scenario("azure-conv", "Azure's production conversation trace", AZURE_CONV_OPTIONS, seed)
+    return _azure_scenario("azure-conv", "Azure's production conversation log", AZURE_CONV_OPTIONS, seed)
 
 
 def azure_conv_small(seed: int = 0) -> Workload:
-    return _azure_scenario("azure-conv-small", "Azure's production conversation trace at 1/8 scale",
+    return _azure_scenario("azure-conv-small", "Azure's production conversation log at 1/8 scale",
                            AZURE_CONV_SMALL_OPTIONS, seed)
 
 
 @lru_cache(maxsize=4)
-def _shipped_rows(start: int) -> tuple[TraceRow, ...]:
-    """The shipped trace's rows after ``start``, parsed once per process (the app builds the
+def _shipped_rows(start: int) -> tuple[LogRow, ...]:
+    """The shipped request log's rows after ``start``, parsed once per process (the app builds the
     scenarios for its labels)."""
-    return tuple(_trace_rows(_open_trace(AZURE_CONV_TRACE), AZURE_CONV_TRACE.name, start))
+    return tuple(_csv_log_rows(_open_log(AZURE_CONV_LOG), AZURE_CONV_LOG.name, start))
 
 
 WORKLOADS = {
@@ -754,7 +757,7 @@ WORKLOADS = {
 
 @lru_cache(maxsize=None)
 def workload_description(name: str) -> str:
-    """A built-in workload's description (built once: the trace scenarios take ~0.1 s to build)."""
+    """A built-in workload's description (built once: the request-log scenarios take ~0.1 s to build)."""
     return build_workload(name).description
 
 

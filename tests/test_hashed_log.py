@@ -1,7 +1,7 @@
-"""Request traces with prefix hashes (Mooncake's JSONL), pluggable eviction, and the ideal replay.
+"""Request logs with prefix hashes (Mooncake's JSONL: hashed logs), pluggable eviction, and the ideal replay.
 
 - token ids from hash ids: equal ids give equal tokens and equal engine block hashes at every
-  block size that divides a hash block; distinct ids give distinct runs in the shipped trace;
+  block size that divides a hash block; distinct ids give distinct runs in the shipped log;
 - the engine's prefix-cache hits equal an independent block-level replay of the hash ids, for
   LRU and for Belady, when the pool holds one request at a time;
 - Belady's hits are at least LRU's and at most the unbounded cache's, on every run here;
@@ -19,18 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv_core.workloads import hashed_log as hash_trace, scenarios as workloads
+from pagedkv_core.workloads import hashed_log, scenarios as workloads
 from pagedkv_core.kv.block_pool import BlockPool
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.kv.eviction import BeladyEviction, NEVER
 from pagedkv_core.workloads.hashed_log import (
-    MOONCAKE_CONV_TRACE,
+    MOONCAKE_CONV_LOG,
     block_size_problem,
     dividing_block_sizes,
-    hash_trace_options,
-    hash_trace_workload,
-    read_hash_trace,
+    hashed_log_options,
+    hashed_log_workload,
+    read_hashed_log,
     token_run,
 )
 from pagedkv_core.kv.prefix_hash import extend_block_hashes
@@ -44,7 +44,7 @@ SCALE = 1 / 16  # a hash block of 32 tokens
 
 @pytest.fixture(scope="module")
 def head_rows():
-    return read_hash_trace(MOONCAKE_CONV_TRACE, count=200)
+    return read_hashed_log(MOONCAKE_CONV_LOG, count=200)
 
 
 def line(ts=0, input_length=600, output_length=5, hash_ids=(1, 2), **extra) -> str:
@@ -69,14 +69,14 @@ def one_at_a_time(workload):
     return dataclasses.replace(workload, requests=reqs)
 
 
-# ---------------------------------------------------------------------------- the shipped trace
-def test_the_trace_ships_with_its_license_and_citation():
-    folder = MOONCAKE_CONV_TRACE.parent
-    assert folder.name == "mooncake_fast25" and MOONCAKE_CONV_TRACE.stat().st_size < 4 << 20
+# ---------------------------------------------------------------------------- the shipped log
+def test_the_log_ships_with_its_license_and_citation():
+    folder = MOONCAKE_CONV_LOG.parent
+    assert folder.name == "mooncake_fast25" and MOONCAKE_CONV_LOG.stat().st_size < 4 << 20
     assert "Apache License" in (folder / "LICENSE").read_text()
     readme = (folder / "README.md").read_text()
     assert "FAST" in readme and "Qin" in readme and "Apache" in readme
-    rows = read_hash_trace(MOONCAKE_CONV_TRACE)
+    rows = read_hashed_log(MOONCAKE_CONV_LOG)
     assert len(rows) == 12_031 and rows[0].line == 1 and rows[-1].line == 12_031
     assert "data/mooncake_fast25/*" in (ROOT / "pyproject.toml").read_text()
 
@@ -85,7 +85,7 @@ def test_the_trace_ships_with_its_license_and_citation():
 @pytest.mark.parametrize("scale", [SCALE, 1 / 4])
 def test_equal_ids_give_equal_tokens_and_equal_block_hashes_at_every_dividing_block_size(head_rows, scale):
     rows = head_rows[:60]
-    w = hash_trace_workload(rows, "head", hash_trace_options(length_scale=scale, max_tokens="answer"))
+    w = hashed_log_workload(rows, "head", hashed_log_options(length_scale=scale, max_tokens="answer"))
     size = w.hash_block
     assert size == round(512 * scale)
     runs = {}
@@ -114,8 +114,8 @@ def test_equal_ids_give_equal_tokens_and_equal_block_hashes_at_every_dividing_bl
             assert len(set(at_start.values())) == len(at_start)
 
 
-def test_distinct_ids_give_distinct_runs_in_the_shipped_trace():
-    ids = sorted({h for r in read_hash_trace(MOONCAKE_CONV_TRACE) for h in r.hash_ids})
+def test_distinct_ids_give_distinct_runs_in_the_shipped_log():
+    ids = sorted({h for r in read_hashed_log(MOONCAKE_CONV_LOG) for h in r.hash_ids})
     assert len(ids) == 182_790
     # A run starts with its id spelled in two tokens, so distinct heads mean distinct runs at every
     # hash block of two tokens or more (length scale 1/256 and up).
@@ -129,9 +129,9 @@ def test_distinct_ids_give_distinct_runs_in_the_shipped_trace():
 def test_a_block_size_that_does_not_divide_the_hash_block_is_refused_with_the_sizes_that_work(head_rows):
     assert block_size_problem(32, 16) is None and block_size_problem(512, 128) is None
     msg = block_size_problem(32, 48)
-    assert msg == ("block size 48 does not divide the trace's 32-token hash blocks, so its shared prefixes would "
+    assert msg == ("block size 48 does not divide the log's 32-token hash blocks, so its shared prefixes would "
                    "not line up with the engine's blocks; use a block size of 1, 2, 4, 8, 16 or 32")
-    w = hash_trace_workload(head_rows[:5], "head", hash_trace_options(length_scale=SCALE))
+    w = hashed_log_workload(head_rows[:5], "head", hashed_log_options(length_scale=SCALE))
     engine = Engine(EngineConfig(block_size=48, pool_slots=48 * 100), ScriptedSource())
     with pytest.raises(ConfigError, match="block size 48 does not divide"):
         w.submit(engine)
@@ -142,12 +142,12 @@ def test_a_block_size_that_does_not_divide_the_hash_block_is_refused_with_the_si
 
 @pytest.mark.parametrize("scale", [0.1, 1 / 1024, 3 / 1000])
 def test_a_length_scale_that_splits_a_hash_block_is_refused(scale):
-    with pytest.raises(ConfigError, match="a hash trace needs a whole number"):
-        load_workload_file(MOONCAKE_CONV_TRACE, length_scale=scale, count=3)
+    with pytest.raises(ConfigError, match="a hashed log needs a whole number"):
+        load_workload_file(MOONCAKE_CONV_LOG, length_scale=scale, count=3)
 
 
 # ---------------------------------------------------------------------------- options
-def test_options_match_the_csv_traces(tmp_path):
+def test_options_match_the_csv_logs(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join([line(0, 600, 5, (1, 2)), "", line(1000, 100, 3000, (1,)),
                                line(2500, 1100, 7, (1, 2, 3)), line(5000, 512, 1, (9,))]) + "\n")
@@ -227,7 +227,7 @@ def test_the_limits_of_every_workload_file_hold(monkeypatch):
     data = ("\n".join(line(i, 600, 5, (1, 2)) for i in range(6)) + "\n").encode()
     with pytest.raises(ConfigError, match="not UTF-8"):
         workload_from_bytes(b"\xff\xfe" + data, "x.jsonl")
-    with pytest.raises(ConfigError, match="cannot read the trace"):
+    with pytest.raises(ConfigError, match="cannot read the request log"):
         workload_from_bytes(b"not gzip", "x.jsonl.gz")
     with pytest.raises(ConfigError, match="no requests after request 6"):
         workload_from_bytes(data, "x.jsonl", start=6)
@@ -235,18 +235,18 @@ def test_the_limits_of_every_workload_file_hold(monkeypatch):
     with pytest.raises(ConfigError, match="bytes is more than the 100 a workload file may have"):
         workload_from_bytes(data, "x.jsonl")
     monkeypatch.undo()
-    monkeypatch.setattr(hash_trace, "MAX_TRACE_REQUESTS", 4)
+    monkeypatch.setattr(hashed_log, "MAX_LOG_REQUESTS", 4)
     with pytest.raises(ConfigError, match="more than 4 requests after request 0: give a count of at most 4"):
         workload_from_bytes(data, "x.jsonl")
     assert len(workload_from_bytes(data, "x.jsonl", count=4).requests) == 4
     monkeypatch.setattr(workloads, "MAX_WORKLOAD_TOKENS", 1000)
     with pytest.raises(ConfigError, match="the prompts add up to 3,600 tokens, more than the 1,000"):
         workload_from_bytes(data, "x.jsonl", count=6)
-    lifted = hash_trace_workload(hash_trace.hash_trace_rows(workloads._open_bytes(data, "x.jsonl"), "x.jsonl"),
-                                 "x.jsonl", hash_trace_options(), limits=False)  # a trusted caller (the benchmark)
+    lifted = hashed_log_workload(hashed_log.hashed_log_rows(workloads._open_bytes(data, "x.jsonl"), "x.jsonl"),
+                                 "x.jsonl", hashed_log_options(), limits=False)  # a trusted caller (the benchmark)
     assert len(lifted.requests) == 6
-    monkeypatch.setattr(hash_trace, "MAX_TRACE_ROWS", 3)
-    with pytest.raises(ConfigError, match="more than 3 requests; use a shorter trace"):
+    monkeypatch.setattr(hashed_log, "MAX_LOG_ROWS", 3)
+    with pytest.raises(ConfigError, match="more than 3 requests; use a shorter request log"):
         workload_from_bytes(data, "x.jsonl", count=4)
 
 
@@ -317,7 +317,7 @@ def test_lru_is_the_default_and_evicts_the_least_recently_freed():
 @pytest.mark.parametrize("eviction", ["lru", "belady"])
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 def test_the_pools_invariants_hold_under_both_policies_under_pressure(head_rows, eviction, preemption):
-    w = hash_trace_workload(head_rows[:40], "head", hash_trace_options(length_scale=SCALE, seconds_per_step=0.5,
+    w = hashed_log_workload(head_rows[:40], "head", hashed_log_options(length_scale=SCALE, seconds_per_step=0.5,
                                                                           max_tokens="answer"))
     s = run_engine(w, check_every_step=True, block_size=16, pool_slots=2048, eviction=eviction,
                    preemption=preemption, watermark=0.0)
@@ -331,7 +331,7 @@ def test_the_pools_invariants_hold_under_both_policies_under_pressure(head_rows,
 def test_the_engines_hits_equal_an_independent_replay_of_the_hash_ids(head_rows, eviction, capacity):
     """One request at a time into a pool of ``capacity`` blocks, one engine block per hash block:
     the engine's hit and queried tokens are the replay's, exactly."""
-    w = one_at_a_time(hash_trace_workload(head_rows, "head", hash_trace_options(length_scale=SCALE, max_tokens=1)))
+    w = one_at_a_time(hashed_log_workload(head_rows, "head", hashed_log_options(length_scale=SCALE, max_tokens=1)))
     s = run_engine(w, block_size=32, pool_slots=capacity * 32, eviction=eviction)
     ideal = replay(requests_from_rows(head_rows, 32), 32, capacity, eviction)
     assert (s.prefix_cache_hit_tokens, s.prefix_cache_queried_tokens) == (ideal.hit_tokens, ideal.queried_tokens)
@@ -341,7 +341,7 @@ def test_the_engines_hits_equal_an_independent_replay_of_the_hash_ids(head_rows,
 
 def test_belady_is_at_least_lru_and_at_most_unbounded_on_every_run(head_rows):
     rows = head_rows
-    w = hash_trace_workload(rows, "head", hash_trace_options(length_scale=SCALE))  # real arrivals: many at once
+    w = hashed_log_workload(rows, "head", hashed_log_options(length_scale=SCALE))  # real arrivals: many at once
     reqs = requests_from_rows(rows, 32)
     unbounded = replay(reqs, 32, None, "unbounded")
     for pool in (8192, 32768):
@@ -373,31 +373,31 @@ def simulate(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_runs_a_jsonl_workload_and_reports_the_hit_rate():
-    out = simulate("--workload-file", str(MOONCAKE_CONV_TRACE), "--trace-count", "120", "--length-scale", "1/16",
+    out = simulate("--workload-file", str(MOONCAKE_CONV_LOG), "--log-count", "120", "--length-scale", "1/16",
                    "--block-size", "32", "--pool-slots", "32768", "--eviction", "belady", "--json")
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)
     assert s["requests"] == s["finished"] == 120 and s["eviction"] == "belady"
     assert 0 < s["prefix_cache_hit_tokens"] < s["prefix_cache_queried_tokens"]
     assert s["prefix_cache_hit_rate"] == s["prefix_cache_hit_tokens"] / s["prefix_cache_queried_tokens"]
-    rows = read_hash_trace(MOONCAKE_CONV_TRACE, count=120)
+    rows = read_hashed_log(MOONCAKE_CONV_LOG, count=120)
     assert s["prefix_cache_queried_tokens"] == sum(len(r.prompt) for r in
-                                                   hash_trace_workload(rows, "x", hash_trace_options(length_scale=SCALE)).requests)
-    table = simulate("--workload-file", str(MOONCAKE_CONV_TRACE), "--trace-count", "20", "--length-scale", "0.0625",
+                                                   hashed_log_workload(rows, "x", hashed_log_options(length_scale=SCALE)).requests)
+    table = simulate("--workload-file", str(MOONCAKE_CONV_LOG), "--log-count", "20", "--length-scale", "0.0625",
                      "--block-size", "16")
     assert table.returncode == 0 and "prompt tokens; eviction lru" in table.stdout
 
 
 @pytest.mark.parametrize("args,message", [
     (("--length-scale", "1/16", "--block-size", "48"),
-     "error: block size 48 does not divide the trace's 32-token hash blocks, so its shared prefixes would not line "
+     "error: block size 48 does not divide the log's 32-token hash blocks, so its shared prefixes would not line "
      "up with the engine's blocks; use a block size of 1, 2, 4, 8, 16 or 32"),
     (("--length-scale", "0.1"), "error: length_scale 0.1 makes a 512-token hash block 51.2 tokens"),
     (("--length-scale", "1/0"), "--length-scale: must be a number or a fraction such as 1/16, got '1/0'"),
     (("--eviction", "fifo"), "error: eviction must be one of lru, belady, got 'fifo'"),
 ])
 def test_cli_refuses_bad_jsonl_options_in_one_line(args, message):
-    out = simulate("--workload-file", str(MOONCAKE_CONV_TRACE), "--trace-count", "5", *args, "--json")
+    out = simulate("--workload-file", str(MOONCAKE_CONV_LOG), "--log-count", "5", *args, "--json")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 
@@ -411,10 +411,10 @@ def test_cli_names_the_bad_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the app
-def test_the_app_runs_an_uploaded_jsonl_trace_with_its_length_scale():
+def test_the_app_runs_an_uploaded_jsonl_log_with_its_length_scale():
     from tests.apptest import open_page, uploader
 
-    data = b"".join(MOONCAKE_CONV_TRACE.read_bytes().splitlines(keepends=True)[:30])
+    data = b"".join(MOONCAKE_CONV_LOG.read_bytes().splitlines(keepends=True)[:30])
     at = open_page("pages/reserve_or_page.py")
     uploader(at, "workload_upload").set_value(("conv.jsonl", data, "application/octet-stream")).run()
     at.select_slider(key="hash_length_scale").set_value("1/16").run()
@@ -423,7 +423,7 @@ def test_the_app_runs_an_uploaded_jsonl_trace_with_its_length_scale():
     assert not at.error, [e.value for e in at.error]
     _key, workload = at.session_state["_workload_upload"]
     assert workload.hash_block == 32 and len(workload.requests) == 30
-    assert workload.requests[1].prompt[:32] == token_run(0, 32)  # the trace's first id, shared by its requests
+    assert workload.requests[1].prompt[:32] == token_run(0, 32)  # the log's first id, shared by its requests
 
 
 def test_belady_survives_a_reset_of_the_prefix_cache():

@@ -10,28 +10,28 @@ import pytest
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.sources.scripted import ScriptedSource
-from pagedkv_core.workloads.log_prompts import PromptBuilder, passages, trace_requests
+from pagedkv_core.workloads.log_prompts import PromptBuilder, passages, log_requests
 from pagedkv_core.workloads.scenarios import (
-    AZURE_CONV_TRACE,
+    AZURE_CONV_LOG,
     DATA_DIR,
     WORKLOADS,
-    TraceRow,
+    LogRow,
     build_workload,
     load_workload_file,
-    read_trace_rows,
+    read_log_rows,
     workload_description,
 )
 
 
 def shipped_rows():
-    with AZURE_CONV_TRACE.open(newline="", encoding="utf-8-sig") as f:
+    with AZURE_CONV_LOG.open(newline="", encoding="utf-8-sig") as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
     return rows[1:]
 
 
 def test_the_trace_ships_with_its_license_and_attribution():
-    assert AZURE_CONV_TRACE.stat().st_size < 1 << 20
+    assert AZURE_CONV_LOG.stat().st_size < 1 << 20
     rows = shipped_rows()
     assert len(rows) == 19366
     assert rows[0] == ["2023-11-16 18:15:46.6805900", "374", "44"]
@@ -42,12 +42,12 @@ def test_the_trace_ships_with_its_license_and_attribution():
 
 
 def test_the_whole_trace_reads_without_a_bad_row():
-    rows = read_trace_rows(AZURE_CONV_TRACE, start=0, count=5000)
+    rows = read_log_rows(AZURE_CONV_LOG, start=0, count=5000)
     assert len(rows) == 5000 and rows[0].row == 1 and rows[-1].row == 5000
     times = np.array([r.time_s for r in rows])
     assert (np.diff(times) >= 0).all()
     assert 1000 < times[-1] - times[0] < 1200  # about 4.6 requests a second
-    tail = read_trace_rows(AZURE_CONV_TRACE, start=19000, count=1000)
+    tail = read_log_rows(AZURE_CONV_LOG, start=19000, count=1000)
     assert len(tail) == 366 and tail[-1].row == 19366
 
 
@@ -95,7 +95,7 @@ def test_scenarios_are_registered_for_the_app_and_the_cli(name):
 
 
 def test_the_shipped_file_loads_as_a_workload_file():
-    w = load_workload_file(AZURE_CONV_TRACE, count=1000)
+    w = load_workload_file(AZURE_CONV_LOG, count=1000)
     assert [r.id for r in w.requests] == [r.id for r in build_workload("azure-conv").requests]
 
 
@@ -149,23 +149,23 @@ ROWS = [(374, 44), (396, 109), (879, 55), (91, 16), (2, 7), (14050, 1000)]
 
 def test_replay_prompts_have_exactly_the_scaled_lengths():
     tok = WordTokenizer()
-    reqs = trace_requests(ROWS, tok, scale=1 / 8)
+    reqs = log_requests(ROWS, tok, scale=1 / 8)
     assert [len(ids) for ids, _ in reqs] == [47, 50, 110, 11, 1, 1756]
     assert [sp.max_tokens for _, sp in reqs] == [6, 14, 7, 2, 1, 125]
     assert all(sp.ignore_eos and sp.n == 1 for _, sp in reqs)
     chat = [tok.decode(ids) for ids, _ in reqs]
     assert chat[0].startswith("<|im_start|>user\n") and chat[0].endswith("<|im_end|>\n<|im_start|>assistant\n")
     assert not chat[3].startswith("<|im_start|>")  # 11 tokens: too short for the template, plain text
-    assert trace_requests(ROWS, WordTokenizer(), scale=1 / 8) == reqs  # deterministic
-    assert trace_requests(ROWS, WordTokenizer(), scale=1 / 8, seed=1) != reqs
-    full = trace_requests(ROWS[:2], WordTokenizer(), scale=1.0, temperature=0.7)
+    assert log_requests(ROWS, WordTokenizer(), scale=1 / 8) == reqs  # deterministic
+    assert log_requests(ROWS, WordTokenizer(), scale=1 / 8, seed=1) != reqs
+    full = log_requests(ROWS[:2], WordTokenizer(), scale=1.0, temperature=0.7)
     assert [len(ids) for ids, _ in full] == [374, 396] and full[0][1].temperature == 0.7
 
 
 def test_replay_prompts_are_real_text_and_start_apart():
     tok = WordTokenizer(chat_template=None)
-    rows = read_trace_rows(AZURE_CONV_TRACE, count=300)
-    reqs = trace_requests(rows, tok, scale=1 / 8)
+    rows = read_log_rows(AZURE_CONV_LOG, count=300)
+    reqs = log_requests(rows, tok, scale=1 / 8)
     text = "\n\n".join(passages())
     for ids, _ in reqs[:20]:
         assert tok.decode(ids).strip() in text + "\n\n" + text  # an excerpt (wrapping at the end)
@@ -176,22 +176,22 @@ def test_replay_prompts_are_real_text_and_start_apart():
     assert len(starts) == len(builder.word_starts)  # the stride visits every word once
 
 
-def test_replay_takes_trace_rows_and_checks_its_arguments():
-    reqs = trace_requests([TraceRow(1, 0.0, 80, 16)], WordTokenizer(), scale=0.5)
+def test_replay_takes_log_rows_and_checks_its_arguments():
+    reqs = log_requests([LogRow(1, 0.0, 80, 16)], WordTokenizer(), scale=0.5)
     assert len(reqs[0][0]) == 40 and reqs[0][1].max_tokens == 8
     with pytest.raises(ValueError, match="scale must be in"):
-        trace_requests(ROWS, WordTokenizer(), scale=0)
+        log_requests(ROWS, WordTokenizer(), scale=0)
     with pytest.raises(ValueError, match="row 0: lengths must be >= 1"):
-        trace_requests([(0, 5)], WordTokenizer())
+        log_requests([(0, 5)], WordTokenizer())
 
 
 @pytest.mark.slow
-def test_smollm2_replays_the_trace_lengths_exactly():
+def test_smollm2_replays_the_log_lengths_exactly():
     from pagedkv_core.llm import LLM  # torch and the model: only here
 
     llm = LLM(device="cpu", pool_slots=2048, block_size=16)
-    rows = read_trace_rows(AZURE_CONV_TRACE, count=6)
-    reqs = trace_requests(rows, llm.tokenizer, scale=1 / 16)
+    rows = read_log_rows(AZURE_CONV_LOG, count=6)
+    reqs = log_requests(rows, llm.tokenizer, scale=1 / 16)
     outs = llm.generate([ids for ids, _ in reqs], [sp for _, sp in reqs])
     for r, (ids, sp), out in zip(rows, reqs, outs):
         assert out.prompt_token_ids == ids and len(ids) == max(1, round(r.prompt_len / 16))
@@ -202,18 +202,18 @@ def test_smollm2_replays_the_trace_lengths_exactly():
 
 
 @pytest.mark.slow
-def test_live_pair_replays_the_traces_lengths_on_the_real_model():
+def test_live_pair_replays_the_logs_lengths_on_the_real_model():
     """Reserve or page's SmolLM2 source with an azure-conv workload: the first 16 requests of the
     shipped trace at 1/8 of their lengths, exact prompt lengths, answers of exactly the scaled
     length (ignore_eos)."""
     from pagedkv_core.sources.model.loader import load_model
-    from pagedkv_core.workloads.scenarios import DATA_DIR, read_trace_rows, scale_length
-    from ui.runs import LIVE_TRACE_SCALE, live_requests
+    from pagedkv_core.workloads.scenarios import DATA_DIR, read_log_rows, scale_length
+    from ui.runs.live import LIVE_LOG_SCALE, live_requests
 
     tok = load_model(progress=lambda f, m: None).tokenizer
-    rows = read_trace_rows(DATA_DIR / "azure_conv_2023.csv", 0, 16)
+    rows = read_log_rows(DATA_DIR / "azure_conv_2023.csv", 0, 16)
     reqs = live_requests(tok, True)
-    assert [r for r, _, _ in reqs] == [f"trace{i:02d}" for i in range(16)]
+    assert [r for r, _, _ in reqs] == [f"log{i:02d}" for i in range(16)]
     for row, (_, ids, sp) in zip(rows, reqs):
-        assert len(ids) == scale_length(row.prompt_len, LIVE_TRACE_SCALE)
-        assert sp.max_tokens == scale_length(row.answer_len, LIVE_TRACE_SCALE) and sp.ignore_eos
+        assert len(ids) == scale_length(row.prompt_len, LIVE_LOG_SCALE)
+        assert sp.max_tokens == scale_length(row.answer_len, LIVE_LOG_SCALE) and sp.ignore_eos

@@ -26,8 +26,8 @@ import pytest
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.sources.scripted import ScriptedSource
-from pagedkv_core.workloads.scenarios import (AZURE_CONV_SMALL_OPTIONS, AZURE_CONV_TRACE, TraceOptions, build_workload,
-                                    trace_workload)
+from pagedkv_core.workloads.scenarios import (AZURE_CONV_SMALL_OPTIONS, AZURE_CONV_LOG, LogOptions, build_workload,
+                                    request_log_workload)
 from tests.test_teaching_pages import CharTokenizer
 from ui import costs, guide
 from ui.lessons import baselines, block_size, live_engine, ops, prefix_sharing, reserve_or_page, under_pressure
@@ -217,8 +217,8 @@ def test_baselines_narration_is_read_off_the_runs():
     worlds = [(runs, workload)]
     allowed = settings_of(baselines, runs[0].config, workload=workload)
     for start, pool in ((200, workload.pool_slots * 3 // 4), (400, workload.pool_slots // 2)):
-        opts = TraceOptions(**{**AZURE_CONV_SMALL_OPTIONS, "start": start, "pool_slots": pool})
-        other = trace_workload(AZURE_CONV_TRACE, 0, opts, name=f"slice {start}")
+        opts = LogOptions(**{**AZURE_CONV_SMALL_OPTIONS, "start": start, "pool_slots": pool})
+        other = request_log_workload(AZURE_CONV_LOG, 0, opts, name=f"slice {start}")
         worlds.append((baselines.baseline_runs(other, **{**config, "pool_slots": pool}), other))
         allowed |= settings_of(baselines, worlds[-1][0][0].config, workload=other)
     check("baselines", *(step_texts(baselines.guide_steps(r, w)) for r, w in worlds), allowed=allowed)

@@ -17,7 +17,7 @@ from pagedkv_core.sizing.memory import BudgetError, process_budget
 from pagedkv_core.record.recording import pool_bytes
 from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.record.trace_file import load_recording, write_recording
-from pagedkv_core.workloads.scenarios import AZURE_CONV_TRACE, build_workload, workload_from_bytes
+from pagedkv_core.workloads.scenarios import AZURE_CONV_LOG, build_workload, workload_from_bytes
 from tests.apptest import figure, open_page, uploader
 from ui import settings
 from ui.models import EngineFactory
@@ -151,7 +151,7 @@ def test_a_bad_upload_shows_st_error_not_an_exception(tmp_path, key, name, data,
 
 
 def test_a_trace_csv_becomes_the_workload_with_its_row_and_time_options():
-    head = b"".join(AZURE_CONV_TRACE.read_bytes().splitlines(keepends=True)[:61])  # header + 60 requests
+    head = b"".join(AZURE_CONV_LOG.read_bytes().splitlines(keepends=True)[:61])  # header + 60 requests
     at = open_page("pages/reserve_or_page.py")
     uploader(at, "workload_upload").set_value(("azure60.csv", head, "text/csv")).run()
     assert not at.exception and not at.error, [e.value for e in at.error]

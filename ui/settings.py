@@ -214,32 +214,32 @@ POLICY_LABELS = {
     "pow2": "Orca Pow2: the answer, rounded up to a power of two",
     "oracle": "Orca Oracle: exactly the answer",
 }
-# The options of a request-trace upload (pagedkv_core.workloads.scenarios.TraceOptions), shown when one is uploaded.
+# The options of a request-log upload (pagedkv_core.workloads.scenarios.LogOptions), shown when one is uploaded.
 CSV_DEFAULTS = {"csv_start": 0, "csv_count": 200, "csv_seconds_per_step": 0.05, "csv_rate": 1.0}
-# A hash trace's (.jsonl) length scales: each keeps a 512-token hash block a whole number of tokens.
+# A hashed log's (.jsonl) length scales: each keeps a 512-token hash block a whole number of tokens.
 HASH_SCALES = {"1": 1.0, "1/2": 0.5, "1/4": 0.25, "1/8": 0.125, "1/16": 0.0625, "1/32": 0.03125}
 
 
-def is_trace_csv(file_name: str) -> bool:
-    """Whether an uploaded workload is a request trace (a CSV, gzipped CSV, or a hash trace's JSON
+def is_request_log(file_name: str) -> bool:
+    """Whether an uploaded workload is a request log (a CSV, gzipped CSV, or a hashed log's JSON
     lines) rather than a JSON list of requests."""
-    from pagedkv_core.workloads.scenarios import is_request_trace_name
+    from pagedkv_core.workloads.scenarios import is_request_log_name
 
-    return is_request_trace_name(file_name)
+    return is_request_log_name(file_name)
 
 
-def is_hash_trace(file_name: str) -> bool:
+def is_hashed_log(file_name: str) -> bool:
     lower = file_name.lower()
     return lower.endswith(".jsonl") or lower.endswith(".jsonl.gz")
 
 
 def csv_options() -> dict:
-    """The sidebar's options for a trace upload, as ``workload_from_bytes`` keywords."""
+    """The sidebar's options for a request-log upload, as ``workload_from_bytes`` keywords."""
     get = {k: st.session_state.get(k, v) for k, v in CSV_DEFAULTS.items()}
     options = {"start": int(get["csv_start"]), "count": int(get["csv_count"]),
                "seconds_per_step": float(get["csv_seconds_per_step"]), "rate": float(get["csv_rate"])}
     upload = st.session_state.get("workload_upload")
-    if upload is not None and is_hash_trace(upload.name):
+    if upload is not None and is_hashed_log(upload.name):
         options["length_scale"] = HASH_SCALES[st.session_state.get("hash_length_scale", "1")]
     return options
 
@@ -252,7 +252,7 @@ def current_workload() -> Workload:
     seed = int(current("seed"))
     if upload is None:
         return named_workload(current("workload"), seed)
-    return uploaded_workload(upload, seed, csv_options() if is_trace_csv(upload.name) else {})
+    return uploaded_workload(upload, seed, csv_options() if is_request_log(upload.name) else {})
 
 
 def rounded_pool(slots: int, block_size: int) -> int:
@@ -320,25 +320,25 @@ def sidebar() -> None:
     sb.file_uploader("…or a workload file (.json, .csv or .jsonl)", type=["json", "csv", "gz", "jsonl"],
                      key="workload_upload", max_upload_size=workshop.upload_cap_mb(),
                      help='A JSON list of {"id", "prompt" or "prompt_len", "output_len", "max_tokens", "arrival_step", "n"}, '
-                          "or a request trace: a CSV (or .csv.gz) with the columns TIMESTAMP, ContextTokens and "
+                          "or a request log: a CSV (or .csv.gz) with the columns TIMESTAMP, ContextTokens and "
                           "GeneratedTokens, one request per row (Azure's LLM inference traces have them), or JSON lines "
                           '(.jsonl) of {"timestamp", "input_length", "output_length", "hash_ids"}, one request per line '
                           "with a hash id per 512-token prompt block (Mooncake's traces have them; equal ids share a prefix).")
     if upload is not None:
         report_rejections(sb)
-    if upload is not None and is_trace_csv(upload.name):
+    if upload is not None and is_request_log(upload.name):
         for k, v in CSV_DEFAULTS.items():
             st.session_state.setdefault(k, v)
         c = sb.columns(2)
-        c[0].number_input("Skip rows", min_value=0, step=100, key="csv_start", help="Rows of the trace to skip first.")
+        c[0].number_input("Skip rows", min_value=0, step=100, key="csv_start", help="Rows of the request log to skip first.")
         c[1].number_input("Requests", min_value=1, max_value=5000, step=50, key="csv_count",
                           help="How many rows after the skipped ones become requests.")
         c = sb.columns(2)
-        c[0].number_input("Trace seconds per step", min_value=0.001, max_value=3600.0, step=0.01, format="%.3f",
-                          key="csv_seconds_per_step", help="How much of the trace's time one engine step stands for.")
+        c[0].number_input("Log seconds per step", min_value=0.001, max_value=3600.0, step=0.01, format="%.3f",
+                          key="csv_seconds_per_step", help="How much of the log's time one engine step stands for.")
         c[1].number_input("Rate multiplier", min_value=0.01, max_value=1000.0, step=0.5, key="csv_rate",
-                          help="2 = the requests arrive twice as densely as in the trace.")
-        if is_hash_trace(upload.name):
+                          help="2 = the requests arrive twice as densely as in the log.")
+        if is_hashed_log(upload.name):
             sb.select_slider("Length scale", options=list(HASH_SCALES), key="hash_length_scale",
                              help="Scale every length: a 512-token hash block becomes 512 x this many tokens, which "
                                   "the block size must divide (1/16: 32-token blocks).")

@@ -25,9 +25,9 @@ from pagedkv_core.kv.prefix_hash import NO_HASH
 from pagedkv_core.workloads.prefix_replay import ReplayRequest, replay, requests_from_rows
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.workloads.hashed_log import (
-    MOONCAKE_CONV_TRACE, HashTraceRow, hash_trace_options, hash_trace_workload, read_hash_trace,
+    MOONCAKE_CONV_LOG, HashedLogRow, hashed_log_options, hashed_log_workload, read_hashed_log,
 )
-from pagedkv_core.workloads.scenarios import TraceOptions, Workload
+from pagedkv_core.workloads.scenarios import LogOptions, Workload
 from ui import export, presenter
 from ui.guide import GuideStep
 from ui.lesson_figures import _layout
@@ -81,19 +81,19 @@ PAPER_FIGURE_9 = ((1_000_000, 0.09), (2_000_000, 0.12), (5_000_000, 0.25), (10_0
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def trace_rows(start: int, count: int) -> list[HashTraceRow]:
+def log_rows(start: int, count: int) -> list[HashedLogRow]:
     """The shipped trace's requests ``start`` .. ``start + count - 1`` (once per process)."""
-    return read_hash_trace(MOONCAKE_CONV_TRACE, start, count)
+    return read_hashed_log(MOONCAKE_CONV_LOG, start, count)
 
 
-def trace_options(start: int, count: int) -> TraceOptions:
-    return hash_trace_options(start=start, count=count, length_scale=1 / SCALE, seconds_per_step=SECONDS_PER_STEP)
+def log_options(start: int, count: int) -> LogOptions:
+    return hashed_log_options(start=start, count=count, length_scale=1 / SCALE, seconds_per_step=SECONDS_PER_STEP)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def trace_workload(start: int, count: int) -> Workload:
+def log_workload(start: int, count: int) -> Workload:
     """The window as an engine workload: prompts made from the hash ids, every length / SCALE."""
-    return hash_trace_workload(trace_rows(start, count), MOONCAKE_CONV_TRACE.name, trace_options(start, count),
+    return hashed_log_workload(log_rows(start, count), MOONCAKE_CONV_LOG.name, log_options(start, count),
                                name=f"mooncake-conversation {start + 1}-{start + count}")
 
 
@@ -110,7 +110,7 @@ def coarsened(requests: list[ReplayRequest], k: int) -> list[ReplayRequest]:
 @st.cache_resource(show_spinner=False, max_entries=8)
 def replay_requests(start: int, count: int) -> list[ReplayRequest]:
     """The window's requests for the replay module, at the engine's scale (one key per block of 32)."""
-    return requests_from_rows(trace_rows(start, count), BLOCK_SIZE)
+    return requests_from_rows(log_rows(start, count), BLOCK_SIZE)
 
 
 def replay_rate(requests: list[ReplayRequest], capacity: int | None, policy: str, k: int = 1) -> float:
@@ -189,7 +189,7 @@ def granularity(window: Window, capacity: int, groups: tuple[int, ...] = GROUPS)
 
 def engine_run(window: Window, pool_blocks: int = POOL_BLOCKS, eviction: str = "lru") -> Run:
     """The window on the paged engine (scripted tokens from the hash ids), recorded, cached per process."""
-    workload = trace_workload(window.start, window.count)
+    workload = log_workload(window.start, window.count)
     config = EngineConfig(pool_slots=pool_blocks * BLOCK_SIZE, block_size=BLOCK_SIZE, eviction=eviction)
     return scripted_run(config, workload, f"paged, {eviction.upper() if eviction == 'lru' else 'Belady'}")
 
@@ -265,7 +265,7 @@ class TrafficView:
 
 
 def view(window: Window = GUIDE_WINDOW, pool_blocks: int = POOL_BLOCKS, eviction: str = "lru") -> TrafficView:
-    rows = trace_rows(window.start, window.count)
+    rows = log_rows(window.start, window.count)
     maximal, every = shared_prefixes(rows)
     return TrafficView(window, rows, capacity_curve(window), engine_run(window, pool_blocks, eviction), maximal, every,
                        granularity(window, pool_blocks))

@@ -17,8 +17,9 @@ FIRST_TOKEN = 3  # ids below are special tokens (bos/eos/pad) in SmolLM2's vocab
 _MASK = (1 << 64) - 1
 
 
-def _mix(x: int) -> int:
-    """splitmix64 finaliser."""
+def splitmix64(x: int) -> int:
+    """The splitmix64 finaliser: a 64-bit integer to a well-mixed 64-bit integer (also the seed mixer
+    of the real model's sampler and of the hashed request log's prompts)."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
@@ -31,7 +32,7 @@ _request_keys: dict[str, int] = {}
 def _request_key(request_id: str) -> int:
     key = _request_keys.get(request_id)
     if key is None:
-        key = _mix(zlib.crc32(request_id.encode("utf-8")) | (len(request_id) << 32))
+        key = splitmix64(zlib.crc32(request_id.encode("utf-8")) | (len(request_id) << 32))
         if len(_request_keys) < 1 << 16:
             _request_keys[request_id] = key
     return key
@@ -39,7 +40,7 @@ def _request_key(request_id: str) -> int:
 
 def scripted_token(request_id: str, sample_index: int, position: int) -> int:
     """The scripted token id (in [FIRST_TOKEN, VOCAB_SIZE)) at an output position."""
-    x = _mix((_request_key(request_id) + sample_index * 0x9E3779B97F4A7C15 + (position << 20)) & _MASK)
+    x = splitmix64((_request_key(request_id) + sample_index * 0x9E3779B97F4A7C15 + (position << 20)) & _MASK)
     return FIRST_TOKEN + x % (VOCAB_SIZE - FIRST_TOKEN)
 
 

@@ -14,22 +14,16 @@ from dataclasses import dataclass
 import torch
 
 from ...sampling import SamplingParams
+from ..scripted import splitmix64
 
 _MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 def uniform(seed: int, sample_index: int, position: int) -> float:
     """A uniform number in [0, 1) that depends only on its three arguments."""
-    x = _splitmix64(int(seed) & _MASK64)
-    x = _splitmix64(x ^ (int(sample_index) & _MASK64))
-    x = _splitmix64(x ^ (int(position) & _MASK64))
+    x = splitmix64(int(seed) & _MASK64)
+    x = splitmix64(x ^ (int(sample_index) & _MASK64))
+    x = splitmix64(x ^ (int(position) & _MASK64))
     return (x >> 11) * (1.0 / (1 << 53))
 
 

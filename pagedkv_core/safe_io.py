@@ -95,6 +95,13 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def loads_strict(text: str | bytes):
+    """``json.loads`` that refuses NaN, Infinity and numbers that overflow to them (1e400) with a
+    ValueError; for text this program wrote (trace files, step records). Untrusted text goes
+    through :func:`loads_json`, which builds on it."""
+    return json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+
+
 def loads_json(text: str | bytes, what: str, max_depth: int = DEFAULT_MAX_DEPTH):
     """``json.loads`` for untrusted text: ConfigError (one line, naming ``what``) for any
     parse error, nesting deeper than ``max_depth`` (RecursionError included), non-finite
@@ -105,12 +112,12 @@ def loads_json(text: str | bytes, what: str, max_depth: int = DEFAULT_MAX_DEPTH)
     else:
         _check_text(text, what)  # a str may hold raw surrogates (never one decoded from UTF-8)
     try:
-        data = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+        data = loads_strict(text)
     except RecursionError:
         raise ConfigError(f"{what}: JSON nested more than {max_depth} deep") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except ValueError as exc:  # from parse_float / parse_constant, or int() of a huge literal
+    except ValueError as exc:  # from loads_strict's number checks, or int() of a huge literal
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "integer string conversion" in reason:
             reason = "an integer has too many digits"

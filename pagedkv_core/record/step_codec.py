@@ -29,11 +29,11 @@ this process made itself are trusted and skip the checks.
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 
 from ..events import Event
+from ..safe_io import loads_strict
 from .slot_state import SlotState
 from .snapshot import BLOCK_ARRAYS, SEQ_ARRAYS, SLOT_ARRAYS, TABLE_ARRAYS
 
@@ -166,22 +166,6 @@ def match_ids(prev: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def _tuple(a: np.ndarray) -> tuple[int, ...]:
     return tuple(a.tolist())
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text} is out of range")
-    return value
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def loads_strict(text: str | bytes):
-    """json.loads that refuses NaN, Infinity and numbers that overflow to them (1e400)."""
-    return json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
 
 
 def encode_events(events) -> bytes:

@@ -56,9 +56,9 @@ from .recording import (
     Recording,
     default_keyframe_every,
 )
-from ..safe_io import open_capped
+from ..safe_io import loads_strict, open_capped
 from .snapshot import StepSnapshot
-from .step_codec import KEYFRAME_FIELDS, STEP_FIELDS, StepState, check_states, loads_strict
+from .step_codec import KEYFRAME_FIELDS, STEP_FIELDS, StepState, check_states
 
 TRACE_FORMAT = "pagedkv-trace"
 TRACE_VERSION = 2

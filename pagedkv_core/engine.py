@@ -13,6 +13,11 @@ in their output and a ``reject`` event in the snapshot of the step they arrived 
 With a :class:`~pagedkv_core.record.recording.Recording` (``Engine(config, source, recording=rec)``)
 every step is stored in it as a delta of what changed; ``step(snapshot=False)`` then skips the
 full copy, so a step's cost follows what it changed, not the pool's size.
+
+The engine owns the pool view (:attr:`Engine.view`, a
+:class:`~pagedkv_core.record.pool_view.PoolView`): the allocator logs what it changes, and the
+view folds that log after every step into the arrays snapshots and recordings read. With
+``Engine(..., snapshots=False)`` and no recording there is no view and nothing is logged.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import heapq
 import operator
 import time
 
+from .kv.changes import ChangeLog
 from .kv.registry import build_allocator
 from .batch import TokenSource
 from .config import MAX_ARRIVAL_STEP, EngineConfig
@@ -30,7 +36,8 @@ from .outputs import CompletionOutput, RequestOutput, TokenIds
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import FINISH_REJECTED, Request, Sequence, SequenceStatus
-from .record.snapshot import StepSnapshot, pool_arrays, pool_scalars, seq_arrays, take_snapshot
+from .record.pool_view import PoolView
+from .record.snapshot import StepSnapshot, seq_arrays, take_snapshot
 
 
 def _is_utf8(text: str) -> bool:
@@ -42,21 +49,26 @@ def _is_utf8(text: str) -> bool:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, source: TokenSource, recording=None, kv_event_sink=None):
+    def __init__(self, config: EngineConfig, source: TokenSource, recording=None, kv_event_sink=None, *,
+                 snapshots: bool = True):
         """``kv_event_sink`` (paged allocators): told of prefix-cache blocks stored, evicted and
-        cleared, and ``flush()``-ed at the end of every step (see pagedkv_core.observe.publisher)."""
+        cleared, and ``flush()``-ed at the end of every step (see pagedkv_core.observe.publisher).
+        ``snapshots=False``: :meth:`step` is only ever called with ``snapshot=False``; without a
+        recording either, the engine keeps no pool view and the allocator logs nothing."""
         self.config = config
         self.source = source
         self.max_model_len = min(config.max_model_len, int(source.max_model_len))
         self._arrivals: list[Event] = []  # this step's rejections, before the scheduler's events
         self.kv_event_sink = kv_event_sink
-        self.allocator = build_allocator(config, self.max_model_len, track_changes=recording is not None,
-                                         kv_event_sink=kv_event_sink)
+        viewed = snapshots or recording is not None
+        self._changes = ChangeLog() if viewed else None
+        self.allocator = build_allocator(config, self.max_model_len, self._changes, kv_event_sink=kv_event_sink)
+        self.view = PoolView.of(self.allocator) if viewed else None  # the arrays snapshots and recordings read
         self.scheduler = Scheduler(config, self.allocator, source.eos_token_id, self.max_model_len)
         self.vocab_size = int(source.vocab_size)  # prompt ids at or past it are rejected
         self.recording = recording
         if recording is not None:
-            recording.start(pool_scalars(self.allocator), pool_arrays(self.allocator))
+            recording.start(self.view.scalars(), self.view.arrays)
         self.requests: dict[str, Request] = {}
         self._pending: list[tuple[int, int, Request]] = []  # heap of (arrival_step, index, request)
         self.step_index = 0
@@ -172,6 +184,8 @@ class Engine:
     def step(self, snapshot: bool = True) -> tuple[list[RequestOutput], StepSnapshot | None]:
         """One scheduled step. Returns its outputs and, unless ``snapshot=False``, a full
         :class:`StepSnapshot` (with a recording attached, the step is recorded either way)."""
+        if snapshot and self.view is None:
+            raise ValueError("this engine keeps no pool view (snapshots=False, no recording): call step(snapshot=False)")
         step = self.step_index
         sched = self.scheduler
         sched.touched.clear()
@@ -201,10 +215,14 @@ class Engine:
         self.stats.add(metrics)
         events = (*self._arrivals, *plan.events, *after)
         self._arrivals.clear()
-        changes = alloc.take_changes()
-        if self.recording is not None:
-            self.recording.record(step, changes, seqs, events, metrics)
-        snap = take_snapshot(step, alloc, seqs, events, metrics) if snapshot else None
+        snap = None
+        if self.view is not None:
+            self.view.fold(self._changes.take())
+            changes = self.view.take_changes()
+            if self.recording is not None:
+                self.recording.record(step, changes, seqs, events, metrics)
+            if snapshot:
+                snap = take_snapshot(step, self.view, seqs, events, metrics)
         if self.kv_event_sink is not None:
             self.kv_event_sink.flush()
         self.step_index += 1
@@ -216,6 +234,8 @@ class Engine:
         reset = getattr(self.allocator, "reset_prefix_cache", None)
         if reset is None or not reset():
             return False
+        if self.view is not None:  # shown at once; a recording gets the ranges with the next step
+            self.view.fold(self._changes.take())
         if self.kv_event_sink is not None:
             self.kv_event_sink.flush()
         return True
@@ -264,24 +284,25 @@ class Engine:
         return outputs
 
     def _metrics(self, counts: StepCounts, execute_s: float, seq_num_blocks, head_need: int = 0) -> StepMetrics:
-        alloc, sched = self.allocator, self.scheduler
-        allocated = alloc.allocated_slots
-        queried = alloc.queried_tokens
+        sched = self.scheduler
+        use = self.allocator.usage()
+        allocated = use.allocated_slots
+        queried = use.queried_tokens
         return StepMetrics.of(
             counts,
             sched.totals,
-            kv_usage=alloc.kv_usage,
-            token_utilization=alloc.filled_slots / allocated if allocated else 0.0,
+            kv_usage=use.kv_usage,
+            token_utilization=use.filled_slots / allocated if allocated else 0.0,
             allocated_slots=allocated,
-            filled_slots=alloc.filled_slots,
+            filled_slots=use.filled_slots,
             num_waiting=len(sched.waiting),
             num_swapped=len(sched.swapped),
-            prefix_cache_hit_rate=alloc.hit_tokens / queried if queried else 0.0,
-            prefix_hit_tokens=alloc.hit_tokens,
+            prefix_cache_hit_rate=use.hit_tokens / queried if queried else 0.0,
+            prefix_hit_tokens=use.hit_tokens,
             prefix_queried_tokens=queried,
-            host_used_blocks=alloc.host_used_blocks,
-            fragmented_slots=alloc.fragmented_slots,
-            largest_free_run=alloc.largest_free_run,
+            host_used_blocks=use.host_used_blocks,
+            fragmented_slots=use.fragmented_slots,
+            largest_free_run=use.largest_free_run,
             next_reservation=head_need,
             mean_blocks_per_seq=float(seq_num_blocks.mean()) if len(seq_num_blocks) else 0.0,
             max_blocks_per_seq=int(seq_num_blocks.max()) if len(seq_num_blocks) else 0,
@@ -292,7 +313,8 @@ class Engine:
 
     def summary(self) -> RunSummary:
         cfg = self.config
-        queried = self.allocator.queried_tokens
+        use = self.allocator.usage()
+        queried = use.queried_tokens
         return RunSummary.of(
             self.stats,
             self.scheduler.totals,
@@ -300,11 +322,11 @@ class Engine:
             requests=len(self.requests),
             finished=self.num_finished,
             rejected=list(self._rejected),
-            prefix_cache_hit_rate=self.allocator.hit_tokens / queried if queried else 0.0,
-            prefix_cache_hit_tokens=self.allocator.hit_tokens,
+            prefix_cache_hit_rate=use.hit_tokens / queried if queried else 0.0,
+            prefix_cache_hit_tokens=use.hit_tokens,
             prefix_cache_queried_tokens=queried,
-            prefix_cache_preempted_hit_tokens=self.allocator.preempted_hit_tokens,
-            prefix_cache_preempted_queried_tokens=self.allocator.preempted_queried_tokens,
+            prefix_cache_preempted_hit_tokens=use.preempted_hit_tokens,
+            prefix_cache_preempted_queried_tokens=use.preempted_queried_tokens,
         )
 
     def trace_header(self) -> dict:
@@ -326,7 +348,8 @@ class Engine:
         }
 
     def check_invariants(self) -> None:
-        """Assert the allocator's bookkeeping (tests call this after every step)."""
+        """Assert the allocator's bookkeeping and that the pool view shows exactly what it
+        implies (tests call this after every step)."""
         sched = self.scheduler
         live = sched.live
         for seq in live:
@@ -336,3 +359,5 @@ class Engine:
         for seq in sched.swapped:
             assert seq.status == SequenceStatus.SWAPPED
         self.allocator.check_invariants(live)
+        if self.view is not None:
+            self.view.check_against(self.allocator, live)

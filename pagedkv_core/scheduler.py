@@ -128,7 +128,7 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         """1. Running sequences: room for this step's tokens, preempting the youngest."""
-        alloc, running = self.allocator, self.running
+        running = self.running
         i = 0
         while i < len(running) and plan.budget > 0:
             seq = running[i]
@@ -143,10 +143,8 @@ class Scheduler:
         """Room for ``count`` more tokens of running ``seq``, preempting from the running list's
         tail while the pool is short. False when ``seq`` itself had to go."""
         alloc, running = self.allocator, self.running
-        need = alloc.blocks_needed(seq, count)
-        if not need:
-            return True
-        while need > alloc.num_free_blocks:
+        growth = alloc.try_append(seq, count)
+        while growth is None:
             if len(running) == 1:
                 # Alone and still no room: the sequence has outgrown the whole pool.
                 running.pop()
@@ -156,11 +154,9 @@ class Scheduler:
             self._preempt(victim, plan)
             if victim is seq:
                 return False
-            need = alloc.blocks_needed(seq, count)
-        if need:
-            growth = alloc.append_slots(seq, count)
-            plan.batch.copies.extend(growth.copies)
-            plan.events.extend(growth.events)
+            growth = alloc.try_append(seq, count)
+        plan.batch.copies.extend(growth.copies)
+        plan.events.extend(growth.events)
         return True
 
     def _resume_swapped(self, plan: StepPlan) -> None:
@@ -172,11 +168,10 @@ class Scheduler:
                 self.swapped.pop(0)
                 plan.events.append(self._finish(seq, FINISH_LENGTH, "kv pool exhausted"))
                 continue
-            reserve = self.watermark_blocks if self.running else 0
-            if not alloc.can_swap_in(seq, reserve):
+            pairs = alloc.swap_in(seq, self.watermark_blocks if self.running else 0)
+            if pairs is None:
                 break
             self.swapped.pop(0)
-            pairs = alloc.swap_in(seq)
             plan.batch.swap_in.extend(pairs)
             plan.counts.swaps_in += 1
             seq.status = SequenceStatus.RUNNING

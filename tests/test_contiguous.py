@@ -2,14 +2,24 @@
 from __future__ import annotations
 
 from pagedkv_core.config import EngineConfig
+from pagedkv_core.kv.changes import ChangeLog
 from pagedkv_core.kv.contiguous import ContiguousAllocator
+from pagedkv_core.record.pool_view import PoolView
 from pagedkv_core.record.slot_state import SlotState
 
 from .engine_helpers import add, lone_sequence, make_engine, run_checked
 
 
 def allocator(pool_slots=100) -> ContiguousAllocator:
-    return ContiguousAllocator(EngineConfig(allocator="contiguous", pool_slots=pool_slots, block_size=1))
+    ca = ContiguousAllocator(EngineConfig(allocator="contiguous", pool_slots=pool_slots, block_size=1), changes=ChangeLog())
+    ca.test_view = PoolView.of(ca)
+    return ca
+
+
+def shown(ca: ContiguousAllocator) -> PoolView:
+    """The pool view of ``ca`` with everything it changed so far folded in (what a snapshot shows)."""
+    ca.test_view.fold(ca.changes.take())
+    return ca.test_view
 
 
 def test_reservation_is_prompt_plus_max_tokens_first_fit_and_never_grows():
@@ -25,9 +35,10 @@ def test_reservation_is_prompt_plus_max_tokens_first_fit_and_never_grows():
     ca.mark_written(a, 0, 10)
     a.num_computed = 10
     # The reached head is filled, the tail is allocated but empty.
-    assert (ca.slot_state[:10] == SlotState.FILLED).all() and (ca.slot_state[10:30] == SlotState.EMPTY).all()
-    assert ca.slot_token[:10].tolist() == list(range(10))
+    assert (shown(ca).slot_state[:10] == SlotState.FILLED).all() and (shown(ca).slot_state[10:30] == SlotState.EMPTY).all()
+    assert shown(ca).slot_token[:10].tolist() == list(range(10))
     ca.check_invariants([a, b])
+    shown(ca).check_against(ca, [a, b])
 
 
 def test_free_merges_holes_and_first_fit_reuses_them():
@@ -55,9 +66,9 @@ def test_holes_too_small_for_the_next_reservation_are_marked_as_fragmentation():
     ca.free(seqs[1])  # a 25-slot hole
     ca.update_fragmentation(next_need=30)
     assert ca.fragmented_slots == 25
-    assert (ca.slot_state[25:50] == SlotState.FRAGMENT).all()
+    assert (shown(ca).slot_state[25:50] == SlotState.FRAGMENT).all()
     ca.update_fragmentation(next_need=20)  # now it would fit: just free
-    assert ca.fragmented_slots == 0 and (ca.slot_state[25:50] == SlotState.FREE).all()
+    assert ca.fragmented_slots == 0 and (shown(ca).slot_state[25:50] == SlotState.FREE).all()
     ca.update_fragmentation(next_need=0)
     assert ca.largest_free_run == 25
 

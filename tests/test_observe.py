@@ -318,7 +318,7 @@ def test_engine_publisher_to_observer_block_for_block():
         bs = config.block_size
         for h, block in pool.cached.items():
             seen = state.cached()[h & U64]
-            assert list(seen.token_ids) == engine.allocator.slot_token[block.block_id * bs:(block.block_id + 1) * bs].tolist()
+            assert list(seen.token_ids) == engine.view.slot_token[block.block_id * bs:(block.block_id + 1) * bs].tolist()
             parent = NO_HASH if seen.parent is None else signed_hash(seen.parent)
             assert hash_block(parent, seen.token_ids) == h
         assert any(b.parent is None for b in state.cached().values()), "the shared preamble's first block is cached"

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
-
 from .eviction import LruEviction
 from .prefix_hash import NO_HASH
 
@@ -98,10 +96,7 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    """All device blocks, reference counted, with the hash -> block map of the prefix cache.
-
-    ``block_ref`` and ``block_hash`` mirror the blocks as numpy arrays for snapshots.
-    """
+    """All device blocks, reference counted, with the hash -> block map of the prefix cache."""
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, kv_event_sink=None, *, eviction=None):
         """``kv_event_sink``: told ``stored(hash, parent_hash, token_ids)`` when a block is
@@ -114,8 +109,6 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[int, Block] = {}
-        self.block_ref = np.zeros(num_blocks, dtype=np.int32)  # ref counts can pass 32,767 at 1M slots
-        self.block_hash = np.zeros(num_blocks, dtype=np.int64)
         self.eviction = LruEviction() if eviction is None else eviction  # picks the cached block to evict
         self.kv_event_sink = kv_event_sink
 
@@ -138,7 +131,6 @@ class BlockPool:
         if block.block_hash != NO_HASH:
             self._evict(block)
         block.ref_count = 1
-        self.block_ref[block.block_id] = 1
         return block
 
     def touch(self, block: Block) -> None:
@@ -148,14 +140,12 @@ class BlockPool:
             if block.block_hash != NO_HASH:
                 self.eviction.reused(block)
         block.ref_count += 1
-        self.block_ref[block.block_id] = block.ref_count
 
     def release(self, block: Block) -> bool:
         """One reference fewer. Returns True when the block became free (or cached-free)."""
         if block.ref_count <= 0:
             raise RuntimeError(f"block {block.block_id} released with ref count {block.ref_count}")
         block.ref_count -= 1
-        self.block_ref[block.block_id] = block.ref_count
         if block.ref_count:
             return False
         if block.block_hash != NO_HASH:
@@ -176,7 +166,6 @@ class BlockPool:
             return False
         self.cached[block_hash] = block
         block.block_hash = block_hash
-        self.block_hash[block.block_id] = block_hash
         if self.kv_event_sink is not None:
             self.kv_event_sink.stored(block_hash, parent_hash, token_ids)
         return True
@@ -189,7 +178,6 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = NO_HASH
         self.cached.clear()
-        self.block_hash[:] = NO_HASH
         if self.kv_event_sink is not None:
             self.kv_event_sink.cleared()
         return True
@@ -200,7 +188,6 @@ class BlockPool:
             if self.kv_event_sink is not None:
                 self.kv_event_sink.removed(block.block_hash)
         block.block_hash = NO_HASH
-        self.block_hash[block.block_id] = NO_HASH
 
     def check_invariants(self) -> None:
         seen: set[int] = set()
@@ -215,8 +202,6 @@ class BlockPool:
         for block in self.blocks:
             in_list = FreeBlockQueue.contains(block)
             assert in_list == (block.ref_count == 0), f"block {block.block_id}: ref {block.ref_count}, in free list {in_list}"
-            assert self.block_ref[block.block_id] == block.ref_count
-            assert self.block_hash[block.block_id] == block.block_hash
             if block.block_hash != NO_HASH:
                 assert self.cached.get(block.block_hash) is block, f"block {block.block_id} hash not indexed"
         for h, block in self.cached.items():

@@ -1,76 +1,102 @@
-"""What an allocator changed since the last look: the dirty ranges a recording stores.
+"""What an allocator changed, in order: the change log a pool view folds.
 
-Allocators mark the slot and block ranges they write as they go; :meth:`ChangeLog.take` hands
-them over and starts afresh. A range may be marked twice or cover unchanged entries (the
-recording drops entries whose value did not change), but nothing that changed may go
-unmarked. Marking is O(1), so a step that touches 30 slots costs about 30 slots to record.
+An allocator keeps only what allocation needs (block tables, ref counts, the free list, fill
+counts; reservations and free runs). What it changes it tells its change log, coarse-grained,
+as it goes: *block b taken by sequence s of request o*, *block b filled from offset k with these
+tokens*, *block b cached under hash h*, *run [a, a + n) reserved by request o*, ... A
+:class:`~pagedkv_core.record.pool_view.PoolView` folds these entries into the per-slot and
+per-block arrays that snapshots, recordings and heatmaps read, and names the ranges it touched.
+
+Each entry is a tuple whose first item is its kind (the constants below). Logging is O(1) per
+entry (plus the tokens written, which the step computes anyway), so a decode step logs one
+entry per sequence. :class:`NoChangeLog` is what an allocator gets when nothing records or
+snapshots the run: every call is a no-op and nothing is kept.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
-Ranges = list[int]  # flat half-open ranges: [lo0, hi0, lo1, hi1, ...] (cheaper than tuples)
-
-
-class Changes(NamedTuple):
-    slots: Ranges  # slot ranges whose slot_state / slot_owner / slot_token may have changed
-    blocks: Ranges  # block ranges whose block_state / ref / fill / hash may have changed
-    tables: set[int]  # seq ids whose block table changed (or went)
+# Paged: one block at a time.
+TAKEN = 0  # (TAKEN, b, seq_id, owner): a free block now held by one sequence; empty, uncached
+HELD = 1  # (HELD, b, seq_id, owner): one more sequence holds b (prefix hit, fork)
+RELEASED = 2  # (RELEASED, b, seq_id): the sequence let b go; unheld and uncached, its tokens go too
+FILLED = 3  # (FILLED, b, offset, tokens): K/V of ``tokens`` written from ``offset``; fill = offset + len
+COPIED = 4  # (COPIED, src, dst, n): copy-on-write: dst holds src's first n tokens
+CACHED = 5  # (CACHED, b, hash): b indexed in the prefix cache under ``hash``
+UNCACHED = 6  # (UNCACHED, b): b's hash forgotten (a reset of the prefix cache); unheld: its tokens go
+TABLE = 7  # (TABLE, seq_id): the sequence's block table changed (grew, was copied on write, or went)
+# Contiguous: runs of slots.
+RESERVED = 8  # (RESERVED, start, length, owner): a run reserved for request ``owner``, nothing written
+WRITTEN = 9  # (WRITTEN, slot, tokens): K/V of ``tokens`` written from ``slot`` on
+FREED = 10  # (FREED, start, length): a reservation given back
+FRAGMENT = 11  # (FRAGMENT, start, length): a free run too small for the next reservation
+UNFRAGMENT = 12  # (UNFRAGMENT, start, length): no longer that hole: what is free in it is plain free
 
 
 class ChangeLog:
-    __slots__ = ("_slots", "_blocks", "_tables", "slots_per_block")
+    """The entries since the last :meth:`take`, in the order they happened."""
 
-    def __init__(self, slots_per_block: int = 1):
-        self.slots_per_block = slots_per_block
-        self._slots: Ranges = []
-        self._blocks: Ranges = []
-        self._tables: set[int] = set()
+    __slots__ = ("entries",)
+    active = True
+
+    def __init__(self) -> None:
+        self.entries: list[tuple] = []
+
+    def take(self) -> list[tuple]:
+        out, self.entries = self.entries, []
+        return out
+
+    # paged ------------------------------------------------------------------------------
+    def taken(self, b: int, seq_id: int, owner: int) -> None:
+        self.entries.append((TAKEN, b, seq_id, owner))
+
+    def held(self, b: int, seq_id: int, owner: int) -> None:
+        self.entries.append((HELD, b, seq_id, owner))
+
+    def released(self, b: int, seq_id: int) -> None:
+        self.entries.append((RELEASED, b, seq_id))
+
+    def filled(self, b: int, offset: int, tokens: list[int]) -> None:
+        self.entries.append((FILLED, b, offset, tokens))
+
+    def copied(self, src: int, dst: int, n: int) -> None:
+        self.entries.append((COPIED, src, dst, n))
+
+    def cached(self, b: int, block_hash: int) -> None:
+        self.entries.append((CACHED, b, block_hash))
+
+    def uncached(self, b: int) -> None:
+        self.entries.append((UNCACHED, b))
 
     def table(self, seq_id: int) -> None:
-        """The block table of sequence ``seq_id`` changed (grew, was copied on write, or went)."""
-        self._tables.add(seq_id)
+        self.entries.append((TABLE, seq_id))
 
-    def slots(self, lo: int, hi: int) -> None:
-        self._slots += (lo, hi)
+    # contiguous -------------------------------------------------------------------------
+    def reserved(self, start: int, length: int, owner: int) -> None:
+        self.entries.append((RESERVED, start, length, owner))
 
-    def block(self, b: int) -> None:
-        """Block ``b`` and all of its slots."""
-        bs = self.slots_per_block
-        self._blocks += (b, b + 1)
-        self._slots += (b * bs, b * bs + bs)
+    def written(self, slot: int, tokens: list[int]) -> None:
+        self.entries.append((WRITTEN, slot, tokens))
 
-    def block_and_slot(self, b: int, slot: int) -> None:
-        """Block ``b``'s own arrays and one of its slots (a decode writes one token)."""
-        self._blocks += (b, b + 1)
-        self._slots += (slot, slot + 1)
+    def freed(self, start: int, length: int) -> None:
+        self.entries.append((FREED, start, length))
 
-    def take(self) -> Changes:
-        out = Changes(self._slots, self._blocks, self._tables)
-        self._slots, self._blocks, self._tables = [], [], set()
-        return out
+    def fragment(self, start: int, length: int) -> None:
+        self.entries.append((FRAGMENT, start, length))
+
+    def unfragment(self, start: int, length: int) -> None:
+        self.entries.append((UNFRAGMENT, start, length))
 
 
 class NoChangeLog:
-    """What an allocator keeps when nobody records the run: nothing (every mark is a no-op)."""
+    """What an allocator keeps when nothing records or snapshots the run: nothing."""
 
     __slots__ = ()
+    active = False
 
-    def table(self, seq_id: int) -> None:
+    def take(self) -> list[tuple]:
+        return []
+
+    def _nothing(self, *args) -> None:
         pass
 
-    def slots(self, lo: int, hi: int) -> None:
-        pass
-
-    def block(self, b: int) -> None:
-        pass
-
-    def block_and_slot(self, b: int, slot: int) -> None:
-        pass
-
-    def take(self) -> Changes:
-        return Changes([], [], set())
-
-
-def change_log(track: bool, slots_per_block: int = 1) -> ChangeLog | NoChangeLog:
-    return ChangeLog(slots_per_block) if track else NoChangeLog()
+    taken = held = released = filled = copied = cached = uncached = table = _nothing
+    reserved = written = freed = fragment = unfragment = _nothing

@@ -5,31 +5,28 @@ Pow2 and Oracle variants in :mod:`orca_baselines` only change :meth:`answer_rese
 the best-fit variant only :meth:`choose_run`. Reservations are placed first fit over the slot
 array at admission and never grow, move or share. The tail a sequence never reaches is allocated-but-empty (internal fragmentation);
 free holes too small for the next waiting reservation are external fragmentation. Token
-sources see it as a paged pool with ``block_size == 1`` whose block table is the run of
-consecutive slot ids of the reservation, so the real model runs on it unchanged.
+sources see it as a paged pool of ``num_slots`` blocks of one slot (``block_size == 1``,
+``num_blocks == num_slots``) whose block table is the run of consecutive slot ids of the
+reservation, so the real model runs on it unchanged. The allocator keeps its free runs and
+reservations; what it changes it tells its change log (a pool view shows it per slot).
 """
 from __future__ import annotations
 
 import bisect
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from typing import TYPE_CHECKING
+from .changes import NoChangeLog
+from .protocol import Admission, Growth, Usage
+from ..events import ALLOCATE, Event
+from ..sequence import Sequence
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
-from .changes import change_log
-from .protocol import Admission, Growth
-from ..events import ALLOCATE, Event
-from ..sequence import Sequence
-from ..record.slot_state import SlotState
+    from .changes import ChangeLog
 
-_FREE, _FILLED, _EMPTY, _FRAGMENT = (
-    int(SlotState.FREE),
-    int(SlotState.FILLED),
-    int(SlotState.EMPTY),
-    int(SlotState.FRAGMENT),
-)
+NO_GROWTH = Growth((), ())
 
 
 class ContiguousAllocator:
@@ -40,13 +37,12 @@ class ContiguousAllocator:
     supports_swap = False  # a reservation covers its whole future: nothing ever needs preempting
     supports_fork = False
     reports_fragmentation = True
-    block_size = 1
+    block_size = 1  # as token sources see it: a block is one slot
     num_host_slots = 0
-    num_blocks = 0  # no blocks: snapshots show this allocator per slot
     host_used_blocks = 0
 
-    def __init__(self, config: EngineConfig, max_model_len: int | None = None, track_changes: bool = True):
-        self.num_slots = config.pool_slots
+    def __init__(self, config: EngineConfig, max_model_len: int | None = None, changes: ChangeLog | None = None):
+        self.num_slots = self.num_blocks = config.pool_slots
         self.max_model_len = config.max_model_len if max_model_len is None else max_model_len
         self.free_starts: list[int] = [0]  # free runs, sorted by start, never adjacent
         self.free_lens: list[int] = [self.num_slots]
@@ -57,19 +53,11 @@ class ContiguousAllocator:
         self.queried_tokens = 0
         self.preempted_hit_tokens = 0
         self.preempted_queried_tokens = 0
-        self.changes = change_log(track_changes)  # what a recording stores; nothing when none records
-        self.slot_state = np.zeros(self.num_slots, dtype=np.int8)
-        self.slot_owner = np.full(self.num_slots, -1, dtype=np.int32)
-        self.slot_token = np.full(self.num_slots, -1, dtype=np.int32)
-        empty = np.zeros(0, dtype=np.int8)
-        self.block_state = empty
-        self.block_ref = np.zeros(0, dtype=np.int32)
-        self.block_fill = np.zeros(0, dtype=np.int16)
-        self.block_hash = np.zeros(0, dtype=np.int64)
+        self.changes = NoChangeLog() if changes is None else changes  # what a pool view folds
         self.fragmented_slots = 0
         self._next_need = 0
         self._layout_changed = True
-        self._painted: dict[int, int] = {}  # start -> length of the free runs drawn as FRAGMENT
+        self._painted: dict[int, int] = {}  # start -> length of the free runs too small for the next reservation
 
     # ------------------------------------------------------------------ read access
     @property
@@ -83,6 +71,11 @@ class ContiguousAllocator:
     @property
     def largest_free_run(self) -> int:
         return max(self.free_lens, default=0)
+
+    def usage(self) -> Usage:
+        return Usage(self.reserved_slots, self.filled_slots, self.kv_usage, self.hit_tokens, self.queried_tokens,
+                     self.preempted_hit_tokens, self.preempted_queried_tokens, 0, self.fragmented_slots,
+                     self.largest_free_run)
 
     answer_words = "max_tokens"  # what the answer's share of a reservation is, in rejection messages
 
@@ -99,9 +92,6 @@ class ContiguousAllocator:
 
     admission_slots = reservation_size
 
-    def take_changes(self):
-        return self.changes.take()
-
     def block_table(self, seq: Sequence, context_len: int | None = None) -> list[int]:
         start, length = self.reservations[seq.seq_id]
         n = length if context_len is None else context_len
@@ -117,14 +107,6 @@ class ContiguousAllocator:
         """The block table a token source reads, without building it: a run of slot ids."""
         start = self.reservations[seq.seq_id][0]
         return range(start, start + context_len)
-
-    def num_blocks_of(self, seq: Sequence) -> int:
-        r = self.reservations.get(seq.seq_id)
-        return r[1] if r else 0
-
-    def reserved_start(self, seq: Sequence) -> int:
-        r = self.reservations.get(seq.seq_id)
-        return r[0] if r else -1
 
     def slots_for(self, seq: Sequence, start: int, count: int) -> list[int]:
         base = self.reservations[seq.seq_id][0] + start
@@ -159,9 +141,7 @@ class ContiguousAllocator:
             self.free_lens[i] = length - need
         self.reservations[seq.seq_id] = (start, need)
         self.reserved_slots += need
-        self.changes.slots(start, start + need)
-        self.slot_state[start : start + need] = _EMPTY
-        self.slot_owner[start : start + need] = seq.request.index
+        self.changes.reserved(start, need, seq.request.index)
         self._layout_changed = True
         return Admission(0, [Event(ALLOCATE, seq.seq_id, seq.request.request_id, {"start": start, "length": need})])
 
@@ -173,28 +153,16 @@ class ContiguousAllocator:
         return None
 
     # ------------------------------------------------------------------ growth (never)
-    num_free_blocks = 0
-
     def blocks_needed(self, seq: Sequence, num_tokens: int = 1) -> int:
         return 0  # the reservation already covers the sequence's whole future
 
-    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
-        return seq.num_computed + num_tokens <= self.reservations[seq.seq_id][1]
-
-    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> Growth:
-        if not self.can_append(seq, num_tokens):
-            raise RuntimeError(f"{seq} outgrew its reservation")
-        return Growth([], [])
+    def try_append(self, seq: Sequence, num_tokens: int = 1) -> Growth:
+        return NO_GROWTH  # the reservation already covers the sequence's whole future
 
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:
         base = self.reservations[seq.seq_id][0] + start
-        self.changes.slots(base, base + count)
-        if count == 1:
-            self.slot_token[base] = seq.token_ids[start]
-            self.slot_state[base] = _FILLED
-        else:
-            self.slot_token[base : base + count] = seq.token_ids[start : start + count]
-            self.slot_state[base : base + count] = _FILLED
+        if self.changes.active:
+            self.changes.written(base, seq.token_ids[start : start + count])
         self.filled_slots += count
 
     def free(self, seq: Sequence) -> None:
@@ -204,10 +172,7 @@ class ContiguousAllocator:
         start, length = r
         self.reserved_slots -= length
         self.filled_slots -= seq.num_computed
-        self.changes.slots(start, start + length)
-        self.slot_state[start : start + length] = _FREE
-        self.slot_owner[start : start + length] = -1
-        self.slot_token[start : start + length] = -1
+        self.changes.freed(start, length)
         i = bisect.bisect_left(self.free_starts, start)
         merge_prev = i > 0 and self.free_starts[i - 1] + self.free_lens[i - 1] == start
         merge_next = i < len(self.free_starts) and start + length == self.free_starts[i]
@@ -227,36 +192,24 @@ class ContiguousAllocator:
 
     # ------------------------------------------------------------------ fragmentation
     def update_fragmentation(self, next_need: int) -> None:
-        """Mark free runs shorter than the next waiting reservation (``next_need`` slots;
-        0 when nobody waits) as FRAGMENT, the others as FREE."""
+        """Count free runs shorter than the next waiting reservation (``next_need`` slots;
+        0 when nobody waits) as fragmentation, and log the holes that became or stopped being one."""
         if not self._layout_changed and next_need == self._next_need:
             return
         self._next_need = next_need
         self._layout_changed = False
-        # Only small runs are ever drawn as FRAGMENT; everything else that is free is already
-        # FREE (free() draws FREE). So repaint the small runs that changed, never the big ones:
-        # the cost follows the holes, not the pool.
+        # Log only the small runs that changed, never the big ones: the cost follows the holes,
+        # not the pool.
         old = self._painted
         now = {s: n for s, n in zip(self.free_starts, self.free_lens) if n < next_need}
         for start, length in old.items():
-            if now.get(start) != length:  # no longer exactly this hole: what is still free is FREE
-                self._paint_free_within(start, start + length)
+            if now.get(start) != length:  # no longer exactly this hole: what is still free is plain free
+                self.changes.unfragment(start, length)
         for start, length in now.items():
             if old.get(start) != length:
-                self.slot_state[start : start + length] = _FRAGMENT
-                self.changes.slots(start, start + length)
+                self.changes.fragment(start, length)
         self._painted = now
         self.fragmented_slots = sum(now.values())
-
-    def _paint_free_within(self, lo: int, hi: int) -> None:
-        i = max(bisect.bisect_right(self.free_starts, lo) - 1, 0)
-        while i < len(self.free_starts) and self.free_starts[i] < hi:
-            a = max(lo, self.free_starts[i])
-            b = min(hi, self.free_starts[i] + self.free_lens[i])
-            if a < b:
-                self.slot_state[a:b] = _FREE
-                self.changes.slots(a, b)
-            i += 1
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, live: list[Sequence]) -> None:
@@ -264,8 +217,6 @@ class ContiguousAllocator:
         for start, length in zip(self.free_starts, self.free_lens):
             assert length > 0
             covered[start : start + length] += 1
-            assert (self.slot_owner[start : start + length] == -1).all()
-            assert np.isin(self.slot_state[start : start + length], (_FREE, _FRAGMENT)).all()
         for a, la, b in zip(self.free_starts, self.free_lens, self.free_starts[1:]):
             assert a + la < b, "free runs overlap or touch"
         live_ids = {s.seq_id: s for s in live}
@@ -277,10 +228,6 @@ class ContiguousAllocator:
             n = seq.num_computed
             assert n <= length
             filled += n
-            assert (self.slot_state[start : start + n] == _FILLED).all()
-            assert (self.slot_state[start + n : start + length] == _EMPTY).all()
-            assert self.slot_token[start : start + n].tolist() == seq.token_ids[:n]
-            assert (self.slot_owner[start : start + length] == seq.request.index).all()
         assert (covered == 1).all(), "reservations and free runs do not partition the pool"
         assert filled == self.filled_slots, f"filled slots {self.filled_slots} != {filled}"
         assert sum(length for _, length in self.reservations.values()) == self.reserved_slots

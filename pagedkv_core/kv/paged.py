@@ -3,33 +3,28 @@
 Each sequence maps logical block ``j`` (positions ``j*B .. j*B+B-1``) to a physical block.
 A block may be referenced by several sequences at once: the parallel samples of one request
 after a fork, or any requests whose prompts share a prefix (prefix cache). Writing into a
-shared block first copies it (copy-on-write). Besides the logic, the manager keeps per-slot
-and per-block numpy arrays up to date as it goes, so a snapshot is a cheap copy.
+shared block first copies it (copy-on-write). The manager keeps what allocation needs (tables,
+ref counts, fill counts, the free list and the prefix-cache index) and tells its change log
+what it changed; a :class:`~pagedkv_core.record.pool_view.PoolView` folds that into the
+arrays a snapshot shows.
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .block_pool import Block, BlockPool, HostPool
-from .changes import change_log
-from .protocol import Admission, Growth
-from typing import TYPE_CHECKING
+from .changes import NoChangeLog
+from .eviction import make_eviction
+from .protocol import Admission, Growth, Usage
+from .prefix_hash import NO_HASH, extend_block_hashes
+from ..events import ALLOCATE, APPEND, CACHE_HIT, COW, FORK, Event
+from ..sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
-from .eviction import make_eviction
-from ..events import ALLOCATE, APPEND, CACHE_HIT, COW, FORK, Event
-from .prefix_hash import NO_HASH, extend_block_hashes
-from ..sequence import Sequence, SequenceStatus
-from ..record.slot_state import SlotState
+    from .changes import ChangeLog
 
-_FREE, _FILLED, _EMPTY, _CACHED, _SHARED = (
-    int(SlotState.FREE),
-    int(SlotState.FILLED),
-    int(SlotState.EMPTY),
-    int(SlotState.CACHED),
-    int(SlotState.SHARED),
-)
+NO_GROWTH = Growth((), ())
 
 
 def cdiv(a: int, b: int) -> int:
@@ -47,7 +42,7 @@ class BlockManager:
     fragmented_slots = 0  # blocks need no consecutive run: no external fragmentation
     largest_free_run = 0
 
-    def __init__(self, config: EngineConfig, max_model_len: int | None = None, track_changes: bool = True,
+    def __init__(self, config: EngineConfig, max_model_len: int | None = None, changes: ChangeLog | None = None,
                  kv_event_sink=None):
         self.block_size = bs = config.block_size
         self.max_model_len = config.max_model_len if max_model_len is None else max_model_len
@@ -59,30 +54,15 @@ class BlockManager:
         self.num_host_slots = self.host.num_blocks * bs
         self.tables: dict[int, list[int]] = {}  # seq_id -> physical block ids
         self.host_tables: dict[int, list[int]] = {}  # seq_id -> host block ids (swapped)
-        self.holders: list[list[Sequence]] = [[] for _ in range(nb)]
         self.fill = [0] * nb  # tokens written per block
         self.filled_slots = 0  # written slots in blocks that someone references
         self.hit_tokens = 0  # prefix cache, first admissions (vLLM's queries and hits)
         self.queried_tokens = 0
         self.preempted_hit_tokens = 0  # re-admissions after recompute, counted apart as vLLM does
         self.preempted_queried_tokens = 0
-        self.changes = change_log(track_changes, bs)  # what a recording stores; nothing when none records
-        # Display arrays, updated in place; every write marks its block in ``changes``.
-        self.slot_state = np.zeros(self.num_slots, dtype=np.int8)
-        self.slot_owner = np.full(self.num_slots, -1, dtype=np.int32)
-        self.slot_token = np.full(self.num_slots, -1, dtype=np.int32)
-        self.block_state = np.zeros(nb, dtype=np.int8)
-        self.block_fill = np.zeros(nb, dtype=np.int16)
+        self.changes = NoChangeLog() if changes is None else changes  # what a pool view folds
 
     # ------------------------------------------------------------------ read access
-    @property
-    def block_ref(self) -> np.ndarray:
-        return self.pool.block_ref
-
-    @property
-    def block_hash(self) -> np.ndarray:
-        return self.pool.block_hash
-
     @property
     def allocated_slots(self) -> int:
         return self.pool.num_used_blocks * self.block_size
@@ -99,8 +79,9 @@ class BlockManager:
     def host_used_blocks(self) -> int:
         return self.host.num_used_blocks
 
-    def take_changes(self):
-        return self.changes.take()
+    def usage(self) -> Usage:
+        return Usage(self.allocated_slots, self.filled_slots, self.kv_usage, self.hit_tokens, self.queried_tokens,
+                     self.preempted_hit_tokens, self.preempted_queried_tokens, self.host_used_blocks, 0, 0)
 
     def block_table(self, seq: Sequence, context_len: int | None = None) -> list[int]:
         table = self.tables.get(seq.seq_id, [])
@@ -117,12 +98,6 @@ class BlockManager:
 
     def table_view(self, seq: Sequence, context_len: int) -> list[int]:
         return self.tables[seq.seq_id][: cdiv(context_len, self.block_size)]
-
-    def num_blocks_of(self, seq: Sequence) -> int:
-        return len(self.tables.get(seq.seq_id, ()))
-
-    def reserved_start(self, seq: Sequence) -> int:
-        return -1
 
     def slots_for(self, seq: Sequence, start: int, count: int) -> list[int]:
         table, bs = self.tables[seq.seq_id], self.block_size
@@ -210,6 +185,15 @@ class BlockManager:
             new += 1
         return new
 
+    def try_append(self, seq: Sequence, num_tokens: int = 1) -> Growth | None:
+        """Room for ``num_tokens`` more tokens when the free blocks allow (None: they do not)."""
+        need = self.blocks_needed(seq, num_tokens)
+        if not need:
+            return NO_GROWTH
+        if need > self.pool.num_free_blocks:
+            return None
+        return self.append_slots(seq, num_tokens)
+
     def append_slots(self, seq: Sequence, num_tokens: int = 1) -> Growth:
         """Make room for ``num_tokens`` more tokens. Returns copy-on-write (src, dst) pairs and events."""
         table, bs = self.tables[seq.seq_id], self.block_size
@@ -222,13 +206,11 @@ class BlockManager:
             dst = self._new_block(seq)
             n = self.fill[src]
             self.fill[dst] = n
-            self.block_fill[dst] = n
             self.filled_slots += n
-            self.slot_token[dst * bs : dst * bs + n] = self.slot_token[src * bs : src * bs + n]
+            self.changes.copied(src, dst, n)
             table[j] = dst
             self.changes.table(seq.seq_id)
             self._drop(seq, self.pool.blocks[src])
-            self._refresh(dst)
             copies.append((src, dst))
             events.append(Event(COW, seq.seq_id, rid, {"src": src, "dst": dst}))
         new = cdiv(seq.num_computed + num_tokens, bs) - len(table)
@@ -241,52 +223,25 @@ class BlockManager:
 
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:
         """Record that the K/V of positions [start, start + count) is now in the pool, and
-        index blocks that became full in the prefix cache."""
+        index blocks that became full in the prefix cache. One pass per block touched (a
+        decode touches one)."""
         table, bs = self.tables[seq.seq_id], self.block_size
         tokens = seq.token_ids
-        fill = self.fill
-        if count == 1:  # the decode fast path
-            j = start // bs
-            b = table[j]
-            off = start - j * bs
-            if fill[b] != off or self.pool.blocks[b].ref_count != 1:
-                raise RuntimeError(f"block {b}: bad write at offset {off} (fill {fill[b]})")
-            slot = b * bs + off
-            self.changes.block_and_slot(b, slot)
-            self.slot_token[slot] = tokens[start]
-            self.slot_state[slot] = _FILLED
-            if off == 0:
-                self.block_state[b] = _FILLED
-            fill[b] = off + 1
-            self.block_fill[b] = off + 1
-            self.filled_slots += 1
-            if off + 1 == bs and self.enable_caching:
-                hashes = extend_block_hashes(seq.block_hashes, tokens, bs, j + 1, seq.request.extra_keys)
-                self._register(b, hashes, j, tokens)
-            return
+        fill, blocks, log = self.fill, self.pool.blocks, self.changes
         end = start + count
         pos = start
         while pos < end:
             j = pos // bs
             b = table[j]
-            base = b * bs
             hi = min(end, (j + 1) * bs)
             lo_off, hi_off = pos - j * bs, hi - j * bs
-            self.changes.block(b)
             if fill[b] != lo_off:
                 raise RuntimeError(f"block {b}: writing at offset {lo_off} but {fill[b]} slots are filled")
-            if self.pool.blocks[b].ref_count != 1:
-                raise RuntimeError(f"block {b}: writing into a block with ref count {self.pool.blocks[b].ref_count}")
-            if hi - pos == 1:
-                self.slot_token[base + lo_off] = tokens[pos]
-                self.slot_state[base + lo_off] = _FILLED
-            else:
-                self.slot_token[base + lo_off : base + hi_off] = tokens[pos:hi]
-                self.slot_state[base + lo_off : base + hi_off] = _FILLED
-            if lo_off == 0:
-                self.block_state[b] = _FILLED
+            if blocks[b].ref_count != 1:
+                raise RuntimeError(f"block {b}: writing into a block with ref count {blocks[b].ref_count}")
+            if log.active:
+                log.filled(b, lo_off, tokens[pos:hi])
             fill[b] = hi_off
-            self.block_fill[b] = hi_off
             self.filled_slots += hi - pos
             if hi_off == bs and self.enable_caching:
                 hashes = extend_block_hashes(seq.block_hashes, tokens, bs, j + 1, seq.request.extra_keys)
@@ -295,23 +250,23 @@ class BlockManager:
 
     def _register(self, b: int, hashes: list[int], j: int, tokens) -> None:
         """Index block ``b``, logical block ``j`` of a sequence, in the prefix cache."""
+        block = self.pool.blocks[b]
         if self.pool.kv_event_sink is None:
-            self.pool.register(self.pool.blocks[b], hashes[j])
+            indexed = self.pool.register(block, hashes[j])
         else:
             bs = self.block_size
-            self.pool.register(self.pool.blocks[b], hashes[j], hashes[j - 1] if j else NO_HASH, tokens[j * bs:(j + 1) * bs])
+            indexed = self.pool.register(block, hashes[j], hashes[j - 1] if j else NO_HASH, tokens[j * bs:(j + 1) * bs])
+        if indexed:
+            self.changes.cached(b, hashes[j])
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (only when no sequence holds a block). Returns whether it did."""
         cached = [b.block_id for b in self.pool.blocks if b.block_hash != NO_HASH]
         if not self.pool.reset_prefix_cache():
             return False
-        bs = self.block_size
         for b in cached:  # now plain free blocks: nothing kept
             self.fill[b] = 0
-            self.block_fill[b] = 0
-            self.slot_token[b * bs : (b + 1) * bs] = -1
-            self._refresh(b)
+            self.changes.uncached(b)
         return True
 
     # ------------------------------------------------------------------ sharing and release
@@ -354,8 +309,11 @@ class BlockManager:
         need = cdiv(seq.num_tokens, self.block_size)
         return self.pool.num_free_blocks - need >= reserve_blocks
 
-    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Fresh private device blocks for all tokens; returns (host, device) copy pairs."""
+    def swap_in(self, seq: Sequence, reserve_blocks: int = 0) -> list[tuple[int, int]] | None:
+        """Fresh private device blocks for all tokens, leaving ``reserve_blocks`` free; returns
+        (host, device) copy pairs, or None when the pool cannot take the sequence now."""
+        if not self.can_swap_in(seq, reserve_blocks):
+            return None
         host = self.host_tables.pop(seq.seq_id)
         need = cdiv(seq.num_tokens, self.block_size)
         table = [self._new_block(seq) for _ in range(need)]
@@ -371,64 +329,25 @@ class BlockManager:
 
     # ------------------------------------------------------------------ block bookkeeping
     def _new_block(self, seq: Sequence) -> int:
-        block = self.pool.allocate()
-        b, bs = block.block_id, self.block_size
-        self.changes.block(b)
-        self.holders[b] = [seq]
+        b = self.pool.allocate().block_id
         self.fill[b] = 0
-        self.block_fill[b] = 0
-        self.block_state[b] = _EMPTY
-        base = b * bs
-        self.slot_state[base : base + bs] = _EMPTY
-        self.slot_owner[base : base + bs] = seq.request.index
-        self.slot_token[base : base + bs] = -1
+        self.changes.taken(b, seq.seq_id, seq.request.index)
         return b
 
     def _take(self, seq: Sequence, block: Block) -> None:
         b = block.block_id
-        was_free = block.ref_count == 0
-        self.pool.touch(block)
-        self.holders[b].append(seq)
-        if was_free:  # a cached-free block comes back into use
+        if block.ref_count == 0:  # a cached-free block comes back into use
             self.filled_slots += self.fill[b]
-            base = b * self.block_size
-            self.slot_owner[base : base + self.block_size] = seq.request.index
-        self._refresh(b)
+        self.pool.touch(block)
+        self.changes.held(b, seq.seq_id, seq.request.index)
 
     def _drop(self, seq: Sequence, block: Block) -> None:
         b = block.block_id
-        holders = self.holders[b]
-        first = holders[0] is seq
-        holders.remove(seq)
-        base, bs = b * self.block_size, self.block_size
         if self.pool.release(block):
             self.filled_slots -= self.fill[b]
-            self.slot_owner[base : base + bs] = -1
             if block.block_hash == NO_HASH:
                 self.fill[b] = 0
-                self.block_fill[b] = 0
-                self.slot_token[base : base + bs] = -1
-        elif first and holders[0].request.index != seq.request.index:
-            self.slot_owner[base : base + bs] = holders[0].request.index
-        self._refresh(b)
-
-    def _refresh(self, b: int) -> None:
-        """Recompute block ``b``'s state code and its slots' codes from ref, fill and hash."""
-        block = self.pool.blocks[b]
-        bs = self.block_size
-        base = b * bs
-        n = self.fill[b]
-        self.changes.block(b)
-        ref = block.ref_count
-        if ref == 0:
-            code = _CACHED if block.block_hash != NO_HASH else _FREE
-            self.block_state[b] = code
-            self.slot_state[base : base + bs] = code
-            return
-        code = _SHARED if ref > 1 else _FILLED
-        self.block_state[b] = code if n else (_SHARED if ref > 1 else _EMPTY)
-        self.slot_state[base : base + n] = code
-        self.slot_state[base + n : base + bs] = _EMPTY
+        self.changes.released(b, seq.seq_id)
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, live: list[Sequence]) -> None:
@@ -447,34 +366,18 @@ class BlockManager:
             assert len(table) >= cdiv(seq.num_computed, bs), f"{seq}: table too short"
             for j, b in enumerate(table):
                 refs[b] += 1
-                assert any(h is seq for h in self.holders[b]), f"{seq} not a holder of block {b}"
                 expected = min(bs, max(0, seq.num_computed - j * bs))
                 assert self.fill[b] == expected, f"block {b}: fill {self.fill[b]}, {seq} expects {expected}"
-                got = self.slot_token[b * bs : b * bs + expected].tolist()
-                want = seq.token_ids[j * bs : j * bs + expected]
-                assert got == want, f"block {b}: slot tokens {got} != {want} of {seq}"
         filled = 0
         for b, block in enumerate(blocks):
             assert block.ref_count == refs[b], f"block {b}: ref count {block.ref_count} but {refs[b]} table references"
-            assert len(self.holders[b]) == block.ref_count, f"block {b}: holders {len(self.holders[b])} != ref"
-            assert self.block_fill[b] == self.fill[b]
-            base = b * bs
-            states = self.slot_state[base : base + bs]
             if block.ref_count == 0:
                 if block.block_hash != NO_HASH:
                     assert self.fill[b] == bs, f"cached-free block {b} is not full"
-                    assert (states == _CACHED).all() and self.block_state[b] == _CACHED
                 else:
-                    assert self.fill[b] == 0 and (states == _FREE).all() and self.block_state[b] == _FREE
-                    assert (self.slot_token[base : base + bs] == -1).all()
-                assert (self.slot_owner[base : base + bs] == -1).all()
+                    assert self.fill[b] == 0, f"free block {b} keeps a fill of {self.fill[b]}"
             else:
                 filled += self.fill[b]
-                n = self.fill[b]
-                code = _SHARED if block.ref_count > 1 else _FILLED
-                assert (states[:n] == code).all() and (states[n:] == _EMPTY).all(), f"block {b}: slot states {states}"
-                owner = self.holders[b][0].request.index
-                assert (self.slot_owner[base : base + bs] == owner).all(), f"block {b}: owner"
         assert filled == self.filled_slots, f"filled slots {self.filled_slots} != {filled}"
         host_ids = [h for t in self.host_tables.values() for h in t]
         assert len(host_ids) == len(set(host_ids)), "a host block is used twice"

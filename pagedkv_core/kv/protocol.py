@@ -1,36 +1,41 @@
-"""The allocator contract: what the scheduler and the engine may call on a KV allocator.
+"""The allocator contract: what the scheduler and the engine call on a KV allocator.
 
-The scheduler, the engine and the snapshot talk to a KV allocator only through
-:class:`Allocator`. An allocator hides how it lays sequences out (block tables over a shared
-pool, or one contiguous run of slots each); what it exposes is:
+The scheduler and the engine talk to a KV allocator only through :class:`Allocator`. An
+allocator hides how it lays sequences out (block tables over a shared pool, or one contiguous
+run of slots each); what it exposes is:
 
-- **sizes** (``num_slots``, ``num_blocks``, ``block_size`` as token sources see it);
+- **sizes** as token sources see them (``block_size``, ``num_blocks``, ``num_slots``,
+  ``num_host_slots``): a contiguous layout is ``num_slots`` blocks of one slot;
 - **capabilities**, stated, never guessed: ``supports_swap`` (preemption by swap or
   recompute; an allocator without it never preempts), ``supports_fork`` (``n`` samples share
   the prompt's blocks), ``reports_fragmentation`` (free holes too small for the next
-  reservation are external fragmentation);
-- **admission and growth**: ``rejection_reason``, ``admission_slots``, ``exceeds_pool``,
-  ``try_admit``, ``blocks_needed``, ``append_slots``, ``mark_written``, ``free``;
-- **where tokens go**: ``slots_for``, ``block_table``, ``num_blocks_of``, ``reserved_start``;
-- **counters** for metrics, and the per-slot / per-block display arrays a snapshot copies,
-  with ``take_changes`` naming what changed since the last call (recordings store only that);
+  reservation are external fragmentation, counted by ``update_fragmentation``);
+- **admission**: ``rejection_reason``, ``exceeds_pool``, ``admission_slots``, ``try_admit``;
+- **growth and release**: ``try_append``, ``mark_written``, ``free``;
+- **preemption hooks** (only called when the flags say so): ``fork``, ``swap_out``, ``swap_in``;
+- **where tokens go**: ``slots_for``, ``table_view`` (the batch), ``seq_layout`` (metrics and
+  snapshots);
+- ``usage()``, the counters metrics read, in one value;
+- ``changes``, the change log it tells what it changed (see :mod:`.changes`): what a view of the
+  pool shows is folded from it (:class:`~pagedkv_core.record.pool_view.PoolView`), never read
+  from the allocator;
 - ``check_invariants``, which every allocator has and the tests call after every step.
 
-Collaborators come in through the constructor: ``cls(config, events, max_model_len,
-track_changes)``, where ``events`` is the engine's one chronological event list for the step and
-``track_changes`` says whether anyone records the run (a change log costs a little every write).
+Allocators return values rather than append to shared lists: :class:`Admission` and
+:class:`Growth` carry their events; the scheduler alone writes ``seq.num_computed``.
 
-Adding an allocator is one file and one line in :data:`~.registry.ALLOCATORS`.
+Collaborators come in through the constructor: ``cls(config, max_model_len, changes)``, where
+``changes`` is the engine's :class:`~.changes.ChangeLog` (None: nothing records or snapshots the
+run, so nothing is logged). Adding an allocator is one file and one line in
+:data:`~.registry.ALLOCATORS`.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-import numpy as np
-
 if TYPE_CHECKING:
-    from .changes import Changes
-    from ..config import EngineConfig
+    from .changes import ChangeLog, NoChangeLog
     from ..events import Event
     from ..sequence import Sequence
 
@@ -44,10 +49,25 @@ class Admission(NamedTuple):
 
 
 class Growth(NamedTuple):
-    """What :meth:`Allocator.append_slots` did: copy-on-write (src, dst) pairs and the events."""
+    """What :meth:`Allocator.try_append` did: copy-on-write (src, dst) pairs and the events."""
 
-    copies: list[tuple[int, int]]
-    events: list[Event]
+    copies: Seq[tuple[int, int]]
+    events: Seq[Event]
+
+
+class Usage(NamedTuple):
+    """The counters a step's metrics read."""
+
+    allocated_slots: int  # slots taken by sequences (blocks in use x block size, or reserved slots)
+    filled_slots: int  # slots holding a token's K/V
+    kv_usage: float
+    hit_tokens: int  # prefix cache, cumulative, first admissions
+    queried_tokens: int
+    preempted_hit_tokens: int  # re-admissions after recompute, counted apart as vLLM does
+    preempted_queried_tokens: int
+    host_used_blocks: int
+    fragmented_slots: int  # free slots in holes too small for the next reservation
+    largest_free_run: int  # contiguous: the longest free run (0 for paged)
 
 
 class Allocator(Protocol):
@@ -57,81 +77,47 @@ class Allocator(Protocol):
     supports_fork: bool
     reports_fragmentation: bool
     block_size: int  # as token sources see it (1 for contiguous layouts)
+    num_blocks: int  # blocks of block_size (contiguous: num_slots)
     num_slots: int
-    num_blocks: int  # 0 for contiguous layouts (snapshots show them per slot)
     num_host_slots: int
+    changes: ChangeLog | NoChangeLog
 
-    # counters -----------------------------------------------------------------------
-    allocated_slots: int  # slots taken by sequences (blocks in use x block size, or reserved slots)
-    filled_slots: int  # slots holding a token's K/V
-    kv_usage: float
-    num_free_blocks: int  # free blocks (units of block_size) for growth; 0 when growth never allocates
-    hit_tokens: int  # prefix cache, cumulative
-    queried_tokens: int
-    host_used_blocks: int
-    fragmented_slots: int
-    largest_free_run: int
-
-    # display arrays (see snapshot.py) -------------------------------------------------
-    slot_state: np.ndarray
-    slot_owner: np.ndarray
-    slot_token: np.ndarray
-    block_state: np.ndarray
-    block_ref: np.ndarray
-    block_fill: np.ndarray
-    block_hash: np.ndarray
-
-    def __init__(self, config: EngineConfig, events: list[Event] | None = None, max_model_len: int | None = None,
-                 track_changes: bool = True) -> None: ...
+    def usage(self) -> Usage: ...
 
     # admission ------------------------------------------------------------------------
     def rejection_reason(self, prompt_len: int, max_tokens: int, output_len: int | None = None) -> str | None:
         """Why such a request could never be admitted even into an empty pool (None: it could)."""
 
-    def admission_slots(self, seq: Sequence) -> int:
-        """Slots ``seq`` would take at admission (the next reservation, for fragmentation)."""
-
     def exceeds_pool(self, seq: Sequence) -> bool:
         """True when the sequence's tokens could not fit even in an empty pool."""
 
-    def try_admit(self, seq: Sequence, reserve_blocks: int) -> int | None:
-        """Allocate for ``seq``; returns tokens found in the prefix cache, or None (no room)."""
+    def admission_slots(self, seq: Sequence) -> int:
+        """Slots ``seq`` would take at admission (the next reservation, for fragmentation)."""
 
-    # growth ---------------------------------------------------------------------------
-    def blocks_needed(self, seq: Sequence, num_tokens: int = 1) -> int: ...
-    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
-        """Room for ``num_tokens`` more tokens; returns copy-on-write (src, dst) pairs."""
+    def try_admit(self, seq: Sequence, reserve_blocks: int) -> Admission | None:
+        """Allocate for ``seq``, leaving ``reserve_blocks`` free; None: no room now."""
+
+    # growth and release ---------------------------------------------------------------
+    def try_append(self, seq: Sequence, num_tokens: int = 1) -> Growth | None:
+        """Room for ``num_tokens`` more tokens of a running sequence; None: no free block for it."""
 
     def mark_written(self, seq: Sequence, start: int, count: int) -> None: ...
     def free(self, seq: Sequence) -> None: ...
 
-    # optional capabilities (only called when the flag says so) --------------------------
-    def fork(self, parent: Sequence, child: Sequence) -> None: ...
+    # preemption hooks and capabilities (only called when the flag says so) -------------
+    def fork(self, parent: Sequence, child: Sequence) -> list[Event]: ...
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None: ...
-    def can_swap_in(self, seq: Sequence, reserve_blocks: int) -> bool: ...
-    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]: ...
+    def swap_in(self, seq: Sequence, reserve_blocks: int = 0) -> list[tuple[int, int]] | None: ...
     def update_fragmentation(self, next_need: int) -> None: ...
 
     # layout -----------------------------------------------------------------------------
     def slots_for(self, seq: Sequence, start: int, count: int) -> list[int]: ...
-    def block_table(self, seq: Sequence, context_len: int | None = None) -> list[int]: ...
-    def table_view(self, seq: Sequence, context_len: int) -> range | list[int]:
-        """What a token source reads as the block table of ``[0, context_len)``: cheap to
-        make every step (contiguous layouts give a ``range``, never a list of every slot)."""
+    def table_view(self, seq: Sequence, context_len: int) -> Seq[int]:
+        """The block table of ``[0, context_len)`` as a token source reads it: cheap to make
+        every step (contiguous layouts give a ``range``, never a list of every slot)."""
 
     def seq_layout(self, seqs: list[Sequence]) -> tuple[list[int], list[int] | None, list | None]:
-        """For snapshots, in one pass over ``seqs``: what :meth:`num_blocks_of`,
-        :meth:`reserved_start` (None: -1 for all) and :meth:`block_table` (None: no tables) give."""
-
-    def num_blocks_of(self, seq: Sequence) -> int:
-        """Blocks in the sequence's table (contiguous: its reserved slots)."""
-
-    def reserved_start(self, seq: Sequence) -> int:
-        """Contiguous: the first reserved slot (-1 when none); paged: -1."""
-
-    # recordings and checks -----------------------------------------------------------------
-    def take_changes(self) -> Changes:
-        """The slot ranges, block ranges and block tables that may have changed since the last
-        call; a superset is fine, nothing that changed may be missing."""
+        """In one pass over ``seqs``: blocks (contiguous: reserved slots) per sequence, the
+        first reserved slots (None: not a contiguous layout) and the block tables (None: none)."""
 
     def check_invariants(self, live: list[Sequence]) -> None: ...

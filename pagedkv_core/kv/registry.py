@@ -10,6 +10,7 @@ from .protocol import Allocator
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
+    from .changes import ChangeLog
 
 from .paged import BlockManager  # noqa: E402  (the implementations; none imports the engine)
 from .contiguous import ContiguousAllocator  # noqa: E402
@@ -41,15 +42,15 @@ def allocator_kind(name: str) -> str:
     return allocator_class(name).kind
 
 
-def build_allocator(config: EngineConfig, max_model_len: int, track_changes: bool = True,
+def build_allocator(config: EngineConfig, max_model_len: int, changes: ChangeLog | None = None,
                     kv_event_sink=None) -> Allocator:
-    """``track_changes``: keep the change log a recording reads (off when nothing records).
-    ``kv_event_sink``: told of prefix-cache blocks stored and evicted (paged allocators only)."""
+    """``changes``: the change log a pool view folds (None: nothing records or snapshots, nothing
+    is logged). ``kv_event_sink``: told of prefix-cache blocks stored and evicted (paged only)."""
     cls = allocator_class(config.allocator)
     if kv_event_sink is None:
-        return cls(config, max_model_len, track_changes)
+        return cls(config, max_model_len, changes)
     if allocator_kind(config.allocator) != "paged":
         from ..config import ConfigError
 
         raise ConfigError(f"KV events come from the prefix cache of a paged allocator; {config.allocator} has none")
-    return cls(config, max_model_len, track_changes, kv_event_sink=kv_event_sink)
+    return cls(config, max_model_len, changes, kv_event_sink=kv_event_sink)

@@ -7,12 +7,18 @@ full blocks get a hash): this state does not guess them. A ``BlockRemoved`` for 
 stored, or a ``BlockStored`` whose parent is unknown (stored before we listened), is kept and
 counted, not refused: :attr:`CacheState.orphans` says how many chains start from a parent we never
 saw.
+
+The same events fold into a pool view too (:class:`CacheView`, a
+:class:`~pagedkv_core.record.pool_view.PoolView` that knows only what the server tells: cached
+full blocks, their hashes and tokens; owners stay unknown). Give one to ``CacheState(view=...)``
+and every event applied to the state is applied to the view as well.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .wire import AllBlocksCleared, BlockRemoved, BlockStored
+from ..record.pool_view import PoolView
+from .wire import AllBlocksCleared, BlockRemoved, BlockStored, signed_hash
 
 DEFAULT_MEDIUM = "GPU"
 
@@ -47,8 +53,11 @@ class CacheState:
     counts: CacheCounts = field(default_factory=CacheCounts)
     block_size: int | None = None
     keep_removed: int = 10_000
+    view: CacheView | None = None  # also folds every event applied here
 
     def apply(self, event, t: float) -> None:
+        if self.view is not None:
+            self.view.apply(event)
         if isinstance(event, BlockStored):
             self._stored(event, t)
         elif isinstance(event, BlockRemoved):
@@ -126,3 +135,51 @@ class CacheState:
             parts.append(block.token_ids)
             block = table.get(block.parent) if block.parent is not None else None
         return [t for part in reversed(parts) for t in part]
+
+
+class CacheView:
+    """A server's cached blocks as a pool view: each block stored takes a display position (the
+    events name no physical block id), its slots hold its tokens, state ``cached``; a removed
+    block's position is freed. Blocks past ``num_blocks`` are counted in ``overflow``, not drawn.
+    What the view cannot know (who holds a block, whether it is in use, partial blocks) it shows
+    as unknown: ``view.knows`` lacks those fields and owners are ``UNKNOWN_OWNER``."""
+
+    def __init__(self, num_blocks: int, block_size: int, medium: str = DEFAULT_MEDIUM):
+        self.view = PoolView.observed(num_blocks, block_size)
+        self.medium = medium
+        self.overflow = 0
+        self._position: dict[int, int] = {}  # hash -> display block
+        self._free = list(range(num_blocks - 1, -1, -1))
+
+    def apply(self, event) -> None:
+        if (getattr(event, "medium", None) or DEFAULT_MEDIUM) != self.medium:
+            return
+        if isinstance(event, BlockStored):
+            bs = event.block_size
+            for i, h in enumerate(event.block_hashes):
+                self._place(h, event.token_ids[i * bs:(i + 1) * bs])
+        elif isinstance(event, BlockRemoved):
+            for h in event.block_hashes:
+                self._forget(h)
+        elif isinstance(event, AllBlocksCleared):
+            for h in list(self._position):
+                self._forget(h)
+
+    def _place(self, h: int, tokens) -> None:
+        if h in self._position:
+            return
+        if not self._free:
+            self.overflow += 1
+            return
+        b = self._position[h] = self._free.pop()
+        self.view.place(b, signed_hash(h), tokens)
+
+    def _forget(self, h: int) -> None:
+        b = self._position.pop(h, None)
+        if b is not None:
+            self.view.forget(b)
+            self._free.append(b)
+
+    def position(self, h: int) -> int | None:
+        """The display block showing hash ``h`` (None: not cached, or past the pool)."""
+        return self._position.get(h)

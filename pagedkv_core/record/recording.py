@@ -24,8 +24,8 @@ peak RSS for the whole process); at 1,048,576 slots a random ``at()`` takes abou
 How a run gets in:
 
 - the engine, with ``Engine(config, source, recording=rec)``: ``start(scalars, arrays)`` once
-  with the allocator's live arrays, then ``record(step, changes, seqs, events, metrics)``
-  each step with the allocator's dirty ranges (``take_changes()``): O(what changed);
+  with its pool view's live arrays, then ``record(step, changes, seqs, events, metrics)``
+  each step with the ranges the view's fold touched (``PoolView.take_changes()``): O(what changed);
 - ``append_delta(delta)``: a :class:`StepDelta` (values at indices; unchanged entries are
   dropped, so a delta may over-report);
 - ``append(snapshot)``: a full snapshot, diffed against the last step (O(slots); version-1
@@ -97,7 +97,7 @@ class StepDelta:
 
 def range_indices(spans) -> np.ndarray:
     """int32 indices covered by half-open spans, merged (each index once, sorted). ``spans`` is
-    a flat list ``[lo0, hi0, lo1, hi1, ...]`` (what a ChangeLog hands over) or ``(lo, hi)`` pairs."""
+    a flat list ``[lo0, hi0, lo1, hi1, ...]`` (what a PoolView hands over) or ``(lo, hi)`` pairs."""
     if not len(spans):
         return np.zeros(0, dtype=np.int32)
     if isinstance(spans[0], (tuple, list)):
@@ -121,7 +121,7 @@ def range_indices(spans) -> np.ndarray:
 
 def delta_from_ranges(step: int, allocator_arrays: dict, slot_ranges, block_ranges, small: dict,
                       table_ids=None) -> StepDelta:
-    """A StepDelta from an allocator's dirty ranges: the values of ``allocator_arrays`` (its
+    """A StepDelta from a pool view's dirty ranges: the values of ``allocator_arrays`` (its
     live slot_* and block_* arrays) at those ranges, and ``small`` = the snapshot's per-sequence
     arrays and tables, ``waiting``/``running``/``swapped``, ``events`` and ``metrics``.
     ``table_ids``: the seq ids whose block tables changed, when the allocator knows them."""
@@ -215,7 +215,7 @@ class Recorder:
         self.scalars: dict | None = None
         self.first_step = 0
         self.num_steps = 0
-        self._live: dict | None = None  # the allocator's arrays, for record()
+        self._live: dict | None = None  # the pool view's arrays, for record()
         self._head: StepState | None = None  # the last step's arrays
 
     def _default_keyframe_every(self, num_slots: int, num_blocks: int) -> int:
@@ -223,8 +223,8 @@ class Recorder:
 
     def start(self, scalars: dict, arrays: dict | None = None, step: int = -1) -> None:
         """The pool's sizes, and its arrays before the first step (None: a blank pool) as of
-        ``step`` (the first recorded step is then ``step + 1``). When the arrays are an
-        allocator's live ones, :meth:`record` reads them each step."""
+        ``step`` (the first recorded step is then ``step + 1``). When the arrays are a
+        pool view's live ones, :meth:`record` reads them each step."""
         if self.scalars is not None:
             raise ValueError("this recording has already started")
         self.scalars = {name: scalars[name] for name in POOL_SCALARS}
@@ -234,7 +234,7 @@ class Recorder:
         self._head = StepState(slots, blocks, pool=arrays, step=step)
 
     def record(self, step: int, changes, seqs: dict, events, metrics: StepMetrics) -> None:
-        """The engine's per-step call: ``changes`` = the allocator's ``take_changes()``
+        """The engine's per-step call: ``changes`` = its pool view's ``take_changes()``
         (slot ranges, block ranges and, if it has them, the seq ids whose tables changed);
         gathers the live arrays there."""
         small = {**seqs, "events": events, "metrics": metrics}

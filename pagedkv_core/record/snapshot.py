@@ -18,8 +18,9 @@ Per live sequence (waiting, running, swapped), aligned arrays:
 Plus the queues (seq ids: waiting and swapped in FCFS order, running in admission order),
 the step's events and :class:`StepMetrics`.
 
-The allocators keep these arrays up to date as they go; a snapshot copies them, and a
-:class:`~pagedkv_core.record.recording.Recording` stores only what changed from step to step.
+A :class:`~pagedkv_core.record.pool_view.PoolView` folds the allocator's change log into the
+pool arrays; a snapshot copies them, and a :class:`~pagedkv_core.record.recording.Recording`
+stores only what changed from step to step.
 """
 from __future__ import annotations
 
@@ -238,23 +239,18 @@ def seq_arrays(allocator, scheduler) -> dict:
     return out
 
 
-def pool_scalars(allocator) -> dict:
-    """The sizes a snapshot states once (a recording keeps them once for the whole run)."""
-    return dict(
-        allocator=allocator.name,
-        block_size=allocator.block_size,
-        num_slots=allocator.num_slots,
-        num_blocks=allocator.num_blocks,
-        num_host_blocks=allocator.num_host_slots // allocator.block_size if allocator.kind == "paged" else 0,
-    )
+def pool_scalars(view) -> dict:
+    """The sizes a snapshot states once (a recording keeps them once for the whole run), from a
+    :class:`~pagedkv_core.record.pool_view.PoolView`."""
+    return view.scalars()
 
 
-def pool_arrays(allocator) -> dict[str, np.ndarray]:
-    """The allocator's live per-slot and per-block arrays (not copies)."""
-    return {name: getattr(allocator, name) for name in (*SLOT_ARRAYS, *BLOCK_ARRAYS)}
+def pool_arrays(view) -> dict[str, np.ndarray]:
+    """The view's live per-slot and per-block arrays (not copies)."""
+    return view.arrays
 
 
-def take_snapshot(step: int, allocator, seqs: dict, events: tuple[Event, ...], metrics: StepMetrics) -> StepSnapshot:
-    """A full copy: the allocator's arrays, plus ``seqs`` from :func:`seq_arrays`."""
-    arrays = {name: a.copy() for name, a in pool_arrays(allocator).items()}
-    return StepSnapshot(step=step, **pool_scalars(allocator), **arrays, **seqs, events=events, metrics=metrics)
+def take_snapshot(step: int, view, seqs: dict, events: tuple[Event, ...], metrics: StepMetrics) -> StepSnapshot:
+    """A full copy: the pool view's arrays, plus ``seqs`` from :func:`seq_arrays`."""
+    arrays = {name: a.copy() for name, a in view.arrays.items()}
+    return StepSnapshot(step=step, **view.scalars(), **arrays, **seqs, events=events, metrics=metrics)

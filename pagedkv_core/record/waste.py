@@ -89,8 +89,8 @@ class WasteAccumulator:
         from .snapshot import seq_arrays
 
         alloc = engine.allocator
-        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc, seq_arrays(alloc, engine.scheduler),
-                      alloc.block_ref)
+        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seq_arrays(alloc, engine.scheduler),
+                      engine.view.block_ref)
 
     def add_step(self, kind: str, num_slots: int, block_size: int, metrics, seqs, block_ref) -> None:
         """One step from its parts: ``kind`` ("paged" | "contiguous"), the pool's slots, the

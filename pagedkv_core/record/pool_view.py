@@ -1,0 +1,337 @@
+"""A view of the KV pool: the per-slot and per-block arrays snapshots, recordings and heatmaps read.
+
+Allocators only allocate: what they change they tell a change log
+(:mod:`pagedkv_core.kv.changes`), and a :class:`PoolView` folds that log into these arrays
+(codes in :class:`~pagedkv_core.record.slot_state.SlotState`):
+
+    per slot:  ``slot_state`` int8, ``slot_owner`` int32 (request index; -1: none),
+               ``slot_token`` int32 (-1: none);
+    per block: ``block_state`` int8, ``block_ref`` int32, ``block_fill`` int16, ``block_hash`` int64
+               (paged layouts only; a contiguous view has no blocks and shows its slots).
+
+:meth:`PoolView.fold` applies one step's entries; :meth:`PoolView.take_changes` then names the
+:class:`Changes` they made (the slot and block ranges touched, the tables that changed): what a
+recording stores. The cost
+follows the entries: a decode writes one slot, O(1); a block taken or let go, O(block size).
+The engine owns the view (``Engine.view``) and folds after every step; with nothing recording or
+snapshotting it keeps none, and allocators log nothing.
+
+A view says what it does not know rather than invent it. ``knows`` names the fields its source
+tells: an engine's allocator tells all of :data:`ALL_FIELDS`; a vLLM server's KV events tell the
+cached blocks, their hashes and token ids, and nothing about owners, ref counts or partial blocks
+(:meth:`PoolView.observed`). Where it does not know the owner, ``slot_owner`` holds
+:data:`UNKNOWN_OWNER`, never a guess. :meth:`PoolView.place` and :meth:`PoolView.forget` are how
+such a source folds in (see :meth:`pagedkv_core.observe.cache_state.CacheState.fold_into`).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..kv import changes as log
+from ..kv.prefix_hash import NO_HASH
+from .slot_state import SlotState
+
+_FREE, _FILLED, _EMPTY, _CACHED, _SHARED, _FRAGMENT = (
+    int(SlotState.FREE),
+    int(SlotState.FILLED),
+    int(SlotState.EMPTY),
+    int(SlotState.CACHED),
+    int(SlotState.SHARED),
+    int(SlotState.FRAGMENT),
+)
+UNKNOWN_OWNER = -2  # the source does not say who holds the slot
+ALL_FIELDS = frozenset({"state", "owner", "token", "ref", "fill", "hash", "partial"})
+OBSERVED_FIELDS = frozenset({"state", "token", "hash"})  # a vLLM server's KV events: full cached blocks only
+SLOT_FIELDS = ("slot_state", "slot_owner", "slot_token")
+BLOCK_FIELDS = ("block_state", "block_ref", "block_fill", "block_hash")
+
+
+class Changes(NamedTuple):
+    """What one fold touched: what a recording stores (a superset is fine, nothing may be missing)."""
+
+    slots: list[int]  # flat half-open ranges [lo0, hi0, lo1, hi1, ...] of slots whose arrays may have changed
+    blocks: list[int]  # the same, of blocks
+    tables: set[int]  # seq ids whose block table changed (or went)
+
+
+class PoolView:
+    """The arrays of one pool, folded from change-log entries (see the module docstring)."""
+
+    def __init__(self, num_slots: int, block_size: int, num_blocks: int, *, allocator: str = "paged",
+                 num_host_blocks: int = 0, knows=ALL_FIELDS):
+        self.allocator = allocator  # the registry name snapshots carry
+        self.block_size = block_size
+        self.num_slots = num_slots
+        self.num_blocks = num_blocks  # 0: a contiguous view, shown per slot
+        self.num_host_blocks = num_host_blocks
+        self.knows = frozenset(knows)
+        owner = -1 if "owner" in self.knows else UNKNOWN_OWNER
+        self.slot_state = np.zeros(num_slots, dtype=np.int8)
+        self.slot_owner = np.full(num_slots, owner, dtype=np.int32)
+        self.slot_token = np.full(num_slots, -1, dtype=np.int32)
+        self.block_state = np.zeros(num_blocks, dtype=np.int8)
+        self.block_ref = np.zeros(num_blocks, dtype=np.int32)  # ref counts can pass 32,767 at 1M slots
+        self.block_fill = np.zeros(num_blocks, dtype=np.int16)
+        self.block_hash = np.zeros(num_blocks, dtype=np.int64)
+        self._holders: dict[int, list[tuple[int, int]]] = {}  # block -> (seq id, request index), oldest first
+        self._slots: list[int] = []
+        self._blocks: list[int] = []
+        self._tables: set[int] = set()
+        self._fold = {
+            log.TAKEN: self._taken, log.HELD: self._held, log.RELEASED: self._released, log.FILLED: self._filled,
+            log.COPIED: self._copied, log.CACHED: self._cached, log.UNCACHED: self._uncached,
+            log.TABLE: self._table, log.RESERVED: self._reserved, log.WRITTEN: self._written,
+            log.FREED: self._freed, log.FRAGMENT: self._fragment, log.UNFRAGMENT: self._unfragment,
+        }
+
+    @classmethod
+    def of(cls, allocator) -> "PoolView":
+        """An empty view of ``allocator``'s pool, as it is before its first step."""
+        if allocator.kind == "paged":
+            bs = allocator.block_size
+            return cls(allocator.num_slots, bs, allocator.num_blocks, allocator=allocator.name,
+                       num_host_blocks=allocator.num_host_slots // bs)
+        return cls(allocator.num_slots, 1, 0, allocator=allocator.name)
+
+    @classmethod
+    def observed(cls, num_blocks: int, block_size: int) -> "PoolView":
+        """A view of a server's cache folded from its KV events: positions are the view's own
+        (the events name no physical block), owners are unknown, every block is full."""
+        return cls(num_blocks * block_size, block_size, num_blocks, knows=OBSERVED_FIELDS)
+
+    # ------------------------------------------------------------------ reading
+    def scalars(self) -> dict:
+        """The sizes a snapshot states once."""
+        return dict(allocator=self.allocator, block_size=self.block_size, num_slots=self.num_slots,
+                    num_blocks=self.num_blocks, num_host_blocks=self.num_host_blocks)
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The live arrays (not copies): they change at the next fold."""
+        return {name: getattr(self, name) for name in (*SLOT_FIELDS, *BLOCK_FIELDS)}
+
+    def owners(self, b: int) -> list[int]:
+        """Request indices holding block ``b``, oldest first (the first is the one shown)."""
+        return [owner for _, owner in self._holders.get(b, ())]
+
+    # ------------------------------------------------------------------ folding
+    def fold(self, entries) -> None:
+        """Apply change-log entries in order (what they touch is kept for :meth:`take_changes`)."""
+        fold = self._fold
+        for entry in entries:
+            fold[entry[0]](*entry[1:])
+
+    def take_changes(self) -> Changes:
+        """What the folds since the last call touched (what a recording stores); starts afresh."""
+        out = Changes(self._slots, self._blocks, self._tables)
+        self._slots, self._blocks = [], []
+        self._tables = set()
+        return out
+
+    def _mark_block(self, b: int) -> None:
+        bs = self.block_size
+        self._blocks += (b, b + 1)
+        self._slots += (b * bs, b * bs + bs)
+
+    def _refresh(self, b: int) -> None:
+        """Block ``b``'s codes and owner from its holders, fill and hash."""
+        bs = self.block_size
+        base = b * bs
+        self._mark_block(b)
+        holders = self._holders.get(b)
+        ref = len(holders) if holders else 0
+        self.block_ref[b] = ref
+        if ref == 0:
+            code = _CACHED if self.block_hash[b] != NO_HASH else _FREE
+            self.block_state[b] = code
+            self.slot_state[base : base + bs] = code
+            self.slot_owner[base : base + bs] = -1
+            return
+        n = int(self.block_fill[b])
+        code = _SHARED if ref > 1 else _FILLED
+        self.block_state[b] = code if n else (_SHARED if ref > 1 else _EMPTY)
+        self.slot_state[base : base + n] = code
+        self.slot_state[base + n : base + bs] = _EMPTY
+        self.slot_owner[base : base + bs] = holders[0][1]
+
+    def _clear_tokens(self, b: int) -> None:
+        bs = self.block_size
+        self.block_fill[b] = 0
+        self.slot_token[b * bs : b * bs + bs] = -1
+
+    # paged entries -------------------------------------------------------------------------
+    def _table(self, seq_id: int) -> None:
+        self._tables.add(seq_id)
+
+    def _taken(self, b: int, seq_id: int, owner: int) -> None:
+        self._holders[b] = [(seq_id, owner)]
+        self.block_hash[b] = NO_HASH  # a taken block holds nothing (a cached one was evicted)
+        self._clear_tokens(b)
+        self._refresh(b)
+
+    def _held(self, b: int, seq_id: int, owner: int) -> None:
+        self._holders.setdefault(b, []).append((seq_id, owner))
+        self._refresh(b)
+
+    def _released(self, b: int, seq_id: int) -> None:
+        holders = self._holders[b]
+        for i, (sid, _) in enumerate(holders):
+            if sid == seq_id:
+                del holders[i]
+                break
+        if not holders:
+            del self._holders[b]
+            if self.block_hash[b] == NO_HASH:
+                self._clear_tokens(b)
+        self._refresh(b)
+
+    def _filled(self, b: int, offset: int, tokens: list[int]) -> None:
+        bs = self.block_size
+        lo = b * bs + offset
+        n = len(tokens)
+        holders = self._holders.get(b)
+        code = _SHARED if holders and len(holders) > 1 else _FILLED
+        self._blocks += (b, b + 1)
+        self._slots += (lo, lo + n)
+        if n == 1:  # a decode: one slot
+            self.slot_token[lo] = tokens[0]
+            self.slot_state[lo] = code
+        else:
+            self.slot_token[lo : lo + n] = tokens
+            self.slot_state[lo : lo + n] = code
+        self.block_state[b] = code
+        self.block_fill[b] = offset + n
+
+    def _copied(self, src: int, dst: int, n: int) -> None:
+        bs = self.block_size
+        self.block_fill[dst] = n
+        self.slot_token[dst * bs : dst * bs + n] = self.slot_token[src * bs : src * bs + n]
+        self._refresh(dst)
+
+    def _cached(self, b: int, block_hash: int) -> None:
+        self.block_hash[b] = block_hash
+        self._refresh(b)
+
+    def _uncached(self, b: int) -> None:
+        self.block_hash[b] = NO_HASH
+        if b not in self._holders:
+            self._clear_tokens(b)
+        self._refresh(b)
+
+    # contiguous entries ----------------------------------------------------------------------
+    def _reserved(self, start: int, length: int, owner: int) -> None:
+        self._slots += (start, start + length)
+        self.slot_state[start : start + length] = _EMPTY
+        self.slot_owner[start : start + length] = owner
+
+    def _written(self, slot: int, tokens: list[int]) -> None:
+        n = len(tokens)
+        self._slots += (slot, slot + n)
+        if n == 1:
+            self.slot_token[slot] = tokens[0]
+            self.slot_state[slot] = _FILLED
+        else:
+            self.slot_token[slot : slot + n] = tokens
+            self.slot_state[slot : slot + n] = _FILLED
+
+    def _freed(self, start: int, length: int) -> None:
+        self._slots += (start, start + length)
+        self.slot_state[start : start + length] = _FREE
+        self.slot_owner[start : start + length] = -1
+        self.slot_token[start : start + length] = -1
+
+    def _fragment(self, start: int, length: int) -> None:
+        self._slots += (start, start + length)
+        self.slot_state[start : start + length] = _FRAGMENT
+
+    def _unfragment(self, start: int, length: int) -> None:
+        self._slots += (start, start + length)
+        states = self.slot_state[start : start + length]
+        states[states == _FRAGMENT] = _FREE
+
+    # ------------------------------------------------------------------ an observed server
+    def place(self, b: int, block_hash: int, tokens) -> None:
+        """Show block ``b`` as a full cached block holding ``tokens`` (``block_size`` of them;
+        fewer: unknown, -1). Who holds it, and whether anyone does, the source does not say."""
+        bs = self.block_size
+        base = b * bs
+        self.block_hash[b] = block_hash
+        self.block_fill[b] = bs
+        self.block_state[b] = _CACHED
+        self.slot_state[base : base + bs] = _CACHED
+        self.slot_token[base : base + bs] = np.asarray(tokens[:bs], dtype=np.int32) if len(tokens) >= bs else -1
+        self._mark_block(b)
+
+    def forget(self, b: int) -> None:
+        """Block ``b`` no longer cached: free, as far as the source tells."""
+        bs = self.block_size
+        base = b * bs
+        self.block_hash[b] = NO_HASH
+        self.block_fill[b] = 0
+        self.block_state[b] = _FREE
+        self.slot_state[base : base + bs] = _FREE
+        self.slot_token[base : base + bs] = -1
+        self._mark_block(b)
+
+    # ------------------------------------------------------------------ checks
+    def check_against(self, allocator, live) -> None:
+        """Assert the arrays are what ``allocator``'s own state implies for the ``live``
+        sequences (tests call it after every step, after the fold). O(pool)."""
+        if self.num_blocks:
+            self._check_paged(allocator, live)
+        else:
+            self._check_contiguous(allocator, live)
+
+    def _check_paged(self, alloc, live) -> None:
+        bs, blocks = self.block_size, alloc.pool.blocks
+        holders: dict[int, list[int]] = {}
+        for seq in live:
+            table = alloc.tables.get(seq.seq_id)
+            for j, b in enumerate(table or ()):
+                holders.setdefault(b, []).append(seq.seq_id)
+                n = min(bs, max(0, seq.num_computed - j * bs))
+                got = self.slot_token[b * bs : b * bs + n].tolist()
+                want = seq.token_ids[j * bs : j * bs + n]
+                assert got == want, f"block {b}: slot tokens {got} != {want} of {seq}"
+        for b, block in enumerate(blocks):
+            base = b * bs
+            ref, n = block.ref_count, alloc.fill[b]
+            assert self.block_ref[b] == ref, f"block {b}: view ref {self.block_ref[b]}, allocator {ref}"
+            assert self.block_hash[b] == block.block_hash, f"block {b}: view hash differs from the allocator's"
+            assert self.block_fill[b] == n, f"block {b}: view fill {self.block_fill[b]}, allocator {n}"
+            mine = [sid for sid, _ in self._holders.get(b, ())]
+            assert sorted(mine) == sorted(holders.get(b, ())), f"block {b}: view holders {mine}, tables {holders.get(b)}"
+            states = self.slot_state[base : base + bs]
+            owners = self.slot_owner[base : base + bs]
+            if ref == 0:
+                code = _CACHED if block.block_hash != NO_HASH else _FREE
+                assert (states == code).all() and self.block_state[b] == code, f"block {b}: slot states {states}"
+                assert (owners == -1).all(), f"block {b}: a free block shows an owner"
+                if code == _FREE:
+                    assert (self.slot_token[base : base + bs] == -1).all(), f"block {b}: a free block keeps tokens"
+            else:
+                code = _SHARED if ref > 1 else _FILLED
+                assert (states[:n] == code).all() and (states[n:] == _EMPTY).all(), f"block {b}: slot states {states}"
+                assert (owners == self._holders[b][0][1]).all(), f"block {b}: owner"
+
+    def _check_contiguous(self, alloc, live) -> None:
+        # A free run shows FREE or FRAGMENT: a hole counted as fragmentation may show part FREE when a
+        # reservation came and went inside it within one step (the allocator logs only holes that change).
+        painted = getattr(alloc, "_painted", {})
+        for start, length in zip(alloc.free_starts, alloc.free_lens):
+            states = self.slot_state[start : start + length]
+            assert np.isin(states, (_FREE, _FRAGMENT)).all(), f"free run {start}+{length}: states {np.unique(states)}"
+            if painted.get(start) != length:
+                assert (states == _FREE).all(), f"free run {start}+{length} is no hole, but shows FRAGMENT"
+            assert (self.slot_owner[start : start + length] == -1).all()
+            assert (self.slot_token[start : start + length] == -1).all()
+        by_id = {s.seq_id: s for s in live}
+        for sid, (start, length) in alloc.reservations.items():
+            seq = by_id[sid]
+            n = seq.num_computed
+            assert (self.slot_state[start : start + n] == _FILLED).all()
+            assert (self.slot_state[start + n : start + length] == _EMPTY).all()
+            assert self.slot_token[start : start + n].tolist() == seq.token_ids[:n]
+            assert (self.slot_owner[start : start + length] == seq.request.index).all()

@@ -185,7 +185,7 @@ CASES = [
     Case("workload JSONL bad line", "h.jsonl line 2: hash_ids has 1 ids, but input_length 600 is 2 blocks",
          upload=workload("h.jsonl", b'{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [1]}\n'
                                     b'{"timestamp": 9, "input_length": 600, "output_length": 2, "hash_ids": [1]}\n')),
-    Case("workload JSONL block size that splits its hash blocks", "block size 64 does not divide the trace's "
+    Case("workload JSONL block size that splits its hash blocks", "block size 64 does not divide the log's "
          "32-token hash blocks", upload=workload("s.jsonl", b'{"timestamp": 0, "input_length": 600, "output_length": '
                                                            b'2, "hash_ids": [1, 2]}\n'),
          widgets=(("select_slider", "hash_length_scale", "1/16"), ("select_slider", "block_size", 64))),

@@ -10,6 +10,7 @@ from pagedkv_core.observe.observation import UNKNOWN, load_observation
 from pagedkv_core.record.trace_file import TraceError, write_recording
 from ui import export, player, workshop
 from ui import vllm_view as view
+from ui.live_chart import show_chart
 
 KEY = "vllm"
 MODES = ("Live server", "Recorded observation")
@@ -51,7 +52,7 @@ def draw(obs, step: int, live: bool) -> None:
     with left:
         color_by = st.session_state.get(f"{KEY}_color") or "age"
         forest = view.forest_figure(state, now, color_by, text_of_tokens())
-        st.plotly_chart(forest.figure, width="stretch", key=f"{KEY}_forest", config=export.png_config("vllm-forest"))
+        show_chart(forest.figure, f"{KEY}_forest", config=export.png_config("vllm-forest"))
         more = f" (the {forest.shown:,} stored last)" if forest.shown < forest.total else ""
         st.caption(f"**The prefix cache as chains of blocks**: {forest.total:,} cached blocks{more}, "
                    f"{len(state.roots()):,} chain(s). Each cell is a stretch of blocks, after the stretch its prompt "
@@ -63,11 +64,11 @@ def draw(obs, step: int, live: bool) -> None:
                     "vLLM's signals are not drawn.")
         else:
             for panel in view.SIGNAL_PANELS:
-                st.plotly_chart(view.signal_figure(obs, panel), width="stretch", key=f"{KEY}_sig_{panel[3]}",
-                                config=export.png_config(f"vllm-{panel[3]}"))
+                show_chart(view.signal_figure(obs, panel), f"{KEY}_sig_{panel[3]}",
+                           config=export.png_config(f"vllm-{panel[3]}"))
                 st.caption(view.SENTENCES[panel[0]])
     with left:
-        st.plotly_chart(view.rates_figure(obs), width="stretch", key=f"{KEY}_rates", config=export.png_config("vllm-rates"))
+        show_chart(view.rates_figure(obs), f"{KEY}_rates", config=export.png_config("vllm-rates"))
         c = state.counts
         st.caption(f"**Blocks stored and evicted per second** (block hashes, not events): {c.blocks_stored:,} stored "
                    f"and {c.blocks_removed:,} evicted so far. Evictions that keep pace with stores mean the cache is "

@@ -4,10 +4,12 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
+from ui import live_chart
 from ui.streamlit_compat import use_navigation_only
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,6 +18,34 @@ TIMEOUT = 180
 # AppTest resets Streamlit's "legacy pages/ folder" flag before every run; the shim that the app's
 # launcher (ui/serve.py) uses keeps it off, so tests see what users see.
 use_navigation_only()
+
+
+class LiveChart:
+    """A chart drawn by :func:`ui.live_chart.show_chart`, read like an ``st.plotly_chart`` element:
+    ``proto.id`` (its element id, which holds its key), ``proto.spec`` (the figure's JSON) and
+    ``proto.config``. An AppTest run is a full script run, so every live chart in it carries its
+    whole figure."""
+
+    type = "plotly_chart"
+
+    def __init__(self, element):
+        data = json.loads(element.proto.json)
+        fig = live_chart.sent_figure(data)
+        assert fig is not None, f"live chart {element.proto.id} carries no whole figure in a full run"
+        self.key = element.key
+        self.proto = SimpleNamespace(id=element.proto.id, spec=json.dumps(fig), config=json.dumps(data.get("config", {})))
+
+
+def _get(self, element_type: str):
+    """``at.get("plotly_chart")`` lists the live charts too, in page order."""
+    if element_type != "plotly_chart":
+        return _plain_get(self, element_type)
+    return [LiveChart(e) if e.type == "bidi_component" else e for e in self._tree
+            if e.type == "plotly_chart" or (e.type == "bidi_component" and e.proto.component_name == live_chart.COMPONENT)]
+
+
+_plain_get = AppTest.get
+AppTest.get = _get
 
 
 def app(**query) -> AppTest:

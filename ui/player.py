@@ -30,6 +30,7 @@ import time
 import streamlit as st
 
 from ui import export, run_events
+from ui.live_chart import show_chart
 
 SPEEDS = (1, 50)  # steps per second, the control's range
 DEFAULT_SPEED = 10
@@ -283,7 +284,7 @@ def slider(key: str, num_steps: int, runs=None) -> int:
     st.caption(rate_text(key))
     if runs:
         fig = run_events.event_strip(runs, num_steps, value)
-        st.plotly_chart(fig, width="stretch", key=f"{key}_events", config=export.png_config(f"{key}-events"))
+        show_chart(fig, f"{key}_events", config=export.png_config(f"{key}-events"))
         st.caption("Where each kind of event happens: a tick per step, the dotted line at this step. "
                    "Next event jumps to the next tick of the kind chosen above.")
     return value

@@ -16,6 +16,7 @@ import streamlit as st
 from ui import export
 from ui.figures import free_pool_heatmap, snapshot_heatmap, state_counts
 from ui.pool_cells import window_label, zoom_windows
+from ui.live_chart import show_chart
 
 
 def zoom_control(key: str, num_slots: int, block_size: int = 1, *, where=None):
@@ -43,7 +44,7 @@ def pool_chart(snap, request_ids, title: str, *, key: str, window=None, token_te
     ``grid_block``: one grid for pools drawn side by side (:func:`ui.figures.snapshot_cells`)."""
     fig, cells = snapshot_heatmap(snap, request_ids, title, token_text=token_text, window=window, height=height,
                                   grid_block=grid_block)
-    st.plotly_chart(fig, width="stretch", key=key, config=export.png_config(png_name or key))
+    show_chart(fig, key, config=export.png_config(png_name or key))
     st.caption(state_counts(cells))
     return cells
 
@@ -52,5 +53,5 @@ def free_pool_chart(num_slots: int, block_size: int, title: str, *, key: str, wi
                     png_name: str | None = None):
     """A pool in which every slot is free (before step 0), drawn like :func:`pool_chart`."""
     fig, cells = free_pool_heatmap(num_slots, block_size, title, window=window, height=height)
-    st.plotly_chart(fig, width="stretch", key=key, config=export.png_config(png_name or key))
+    show_chart(fig, key, config=export.png_config(png_name or key))
     return cells

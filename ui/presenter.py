@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from ui import export
+from ui.live_chart import show_chart
 
 PARAM = "present"
 NEXT_KEY, PREVIOUS_KEY = "Right", "Left"  # arrow keys; a clicker's PageDown/PageUp also scroll the slide
@@ -115,7 +116,7 @@ def slide(fig: go.Figure, key: str, caption: str | None = None, *, height: int |
     """Draw a slide's one figure (and an optional one-line caption under it). ``height``: at most
     this (default: what :func:`fit` allows for the step)."""
     height = slide_height(height)
-    st.plotly_chart(enlarge(fig, height), width="stretch", key=f"{key}_slide", config=export.png_config(f"{key}-slide"))
+    show_chart(enlarge(fig, height), f"{key}_slide", config=export.png_config(f"{key}-slide"))
     if caption:
         st.caption(caption)
 

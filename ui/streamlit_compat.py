@@ -19,8 +19,10 @@ upgrade):
   key alone is never redrawn by Streamlit 1.67's browser side: it reads a chart's figure only when
   it mounts the element (``useState`` keyed on the element id), so with a stable id every playing
   pool froze at its first frame and every guide slide showed the first slide's figure (tried and
-  undone, issue 21). A new figure needs a new id, as Streamlit computes it; the price is that
-  the browser mounts each frame's chart afresh.
+  undone, issue 21). A new figure needs a new id, as Streamlit computes it, and a new id is a new
+  element, mounted afresh. The charts that change while playing therefore do not go through
+  ``st.plotly_chart``: :func:`ui.live_chart.show_chart` draws them with a Custom Component v2
+  (public API, no patch) whose id is its key, updated in place with ``Plotly.react``.
 """
 from __future__ import annotations
 

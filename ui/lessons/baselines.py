@@ -21,6 +21,7 @@ from ui.runs.model import BASELINE_LABELS, RESERVES, Run
 from ui.runs.scripted import named_workload, scripted_runs
 from ui.runs.session import report_stops
 from ui.settings import current_workload
+from ui.live_chart import show_chart
 
 KEY = "base"
 GUIDE_SEED = 0
@@ -348,7 +349,7 @@ def show_guide(runs: list[Run], workload: Workload) -> None:
         return
     fig = step_figure(runs, show)
     if fig is not None:
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_guide_figure", config=export.png_config(f"{KEY}-guide"))
+        show_chart(fig, f"{KEY}_guide_figure", config=export.png_config(f"{KEY}-guide"))
     pools(runs, int(show["step"]))
 
 
@@ -376,11 +377,9 @@ def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool)
     if any(a is None for a in answers) and not st.toggle("Show the measured breakdown now", key=f"{KEY}_show"):
         st.info("Answer both questions (or flip the switch) to see the measured breakdown of all four allocators.")
         return
-    st.plotly_chart(waste_figure(runs), width="stretch", key=f"{KEY}_waste", config=export.png_config(f"{KEY}-waste"))
-    st.plotly_chart(token_share_figure(runs), width="stretch", key=f"{KEY}_token_share",
-                    config=export.png_config(f"{KEY}-token-share"))
-    st.plotly_chart(running_figure(runs, step), width="stretch", key=f"{KEY}_running",
-                    config=export.png_config(f"{KEY}-running"))
+    show_chart(waste_figure(runs), f"{KEY}_waste", config=export.png_config(f"{KEY}-waste"))
+    show_chart(token_share_figure(runs), f"{KEY}_token_share", config=export.png_config(f"{KEY}-token-share"))
+    show_chart(running_figure(runs, step), f"{KEY}_running", config=export.png_config(f"{KEY}-running"))
     st.dataframe(summary_rows(runs), hide_index=True, width="stretch")
     st.markdown(differences(workload, runs, config))
     st.caption(f"Quoted: {PAPER}. The breakdown's classes: " + "; ".join(CLASS_WORDS.values()) + ".")

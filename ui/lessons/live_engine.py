@@ -20,6 +20,7 @@ from ui.lesson_figures import block_table_arrows, most_advanced, short_text
 from ui.models import EngineFactory, chat_prompt, model_path
 from ui.runs.sidebar import settings_config
 from ui.timed_runs import TimedRun, new_timed_run
+from ui.live_chart import show_chart
 
 KEY = "live"
 GUIDE_CONFIG = EngineConfig(block_size=16, pool_slots=512, watermark=0.01, prefix_caching=True)
@@ -105,7 +106,7 @@ class LiveView:
         left, right = st.columns([3, 2])
         with left:
             fig = self.pool_figure(rec, snap)
-            st.plotly_chart(fig, width="stretch", key=f"{KEY}_heat", config=export.png_config(f"{KEY}-pool"))
+            show_chart(fig, f"{KEY}_heat", config=export.png_config(f"{KEY}-pool"))
             st.caption(LEGEND)
         with right:
             if snap is None or selected is None:
@@ -138,7 +139,7 @@ class LiveView:
             st.markdown(f"**{selected}** holds no blocks at step {snap.step} ({status_of(rec, snap, selected, step)}).")
             return
         fig, table, fills = drawn
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_arrows", config=export.png_config(f"{KEY}-block-table"))
+        show_chart(fig, f"{KEY}_arrows", config=export.png_config(f"{KEY}-block-table"))
         tokens = int(sum(fills))
         bs = snap.block_size
         st.caption(f"{selected} holds {tokens} tokens in {len(table)} blocks of {bs}: "

@@ -19,6 +19,7 @@ from ui.lesson_figures import block_tables_grid, short_text, split_bars, value_b
 from ui.models import chat_prompt
 from ui.runs.sidebar import settings_config
 from ui.timed_runs import TimedRun, new_timed_run
+from ui.live_chart import show_chart
 
 KEY = "prefix"
 # the sidebar's defaults, so that explore mode with default settings reuses the guide's run
@@ -204,14 +205,13 @@ class PrefixView:
         lines = [t for t in (self.describe(e) for e in snap.events) if t]
         left, right = st.columns([1, 1])
         with left:
-            st.plotly_chart(self.pool_figure(snap), width="stretch", key=f"{KEY}_heat", config=export.png_config(f"{KEY}-pool"))
+            show_chart(self.pool_figure(snap), f"{KEY}_heat", config=export.png_config(f"{KEY}-pool"))
             st.caption(LEGEND + ". Hover a cell for the token it holds.")
         with right:
             st.markdown(f"**What happened in step {snap.step}** (the engine's events)")
             st.markdown("\n".join(f"- {t}" for t in lines) if lines else "- decode: every running sample added one token")
 
-        st.plotly_chart(self.tables_figure(snap), width="stretch", key=f"{KEY}_tables",
-                        config=export.png_config(f"{KEY}-block-tables"))
+        show_chart(self.tables_figure(snap), f"{KEY}_tables", config=export.png_config(f"{KEY}-block-tables"))
         st.caption("Each row is one sequence's block table; a cell's number is the physical block it points to. "
                    "Pale blue blocks are private; orange and darker blocks are shared by 2, 3, … sequences.")
         self._prefill_bars(snap)
@@ -247,13 +247,12 @@ class PrefixView:
         left, right = st.columns(2)
         skip = [rec.prefill_tokens(r)[1] for r in arrived]
         with left:
-            st.plotly_chart(self.prefill_figure(snap), width="stretch", key=f"{KEY}_prefill",
-                            config=export.png_config(f"{KEY}-prefill"))
+            show_chart(self.prefill_figure(snap), f"{KEY}_prefill", config=export.png_config(f"{KEY}-prefill"))
         with right:
             ttft = [rec.ttft_s(r) for r in arrived]
             fig = value_bars(arrived, ttft, "Measured time to first token", "seconds (wall time of the engine steps)",
                              lambda v: f"{v:.2f} s", colors=["#1d4ed8" if s == 0 else "#60a5fa" for s in skip])
-            st.plotly_chart(fig, width="stretch", key=f"{KEY}_ttft", config=export.png_config(f"{KEY}-ttft"))
+            show_chart(fig, f"{KEY}_ttft", config=export.png_config(f"{KEY}-ttft"))
 
 
 # ---------------------------------------------------------------------------- guide

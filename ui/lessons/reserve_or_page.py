@@ -14,6 +14,7 @@ from ui.runs.live import REAL_MAX_TOKENS, LiveRun, live_texts
 from ui.runs.model import Run, allocator_title
 from ui.runs.scripted import scripted_pair
 from ui.runs.session import advance_live
+from ui.live_chart import show_chart
 
 KEY = "rop"
 GUIDE_WORKLOAD, GUIDE_POOL, GUIDE_BLOCK, GUIDE_SEED = "explainer40", 2048, 16, 0
@@ -44,8 +45,8 @@ def side(run: Run, step: int, conceal: bool = False, window=None, grid_block: in
     m = snap.metrics
     st.markdown(f"#### {side_label(run)}")
     if conceal:
-        st.plotly_chart(empty_pool_figure(run, POOL_HEIGHT), width="stretch", key=f"{KEY}_heat_{run.allocator}",
-                        config=export.png_config(f"{KEY}-{run.allocator}"))
+        show_chart(empty_pool_figure(run, POOL_HEIGHT), f"{KEY}_heat_{run.allocator}",
+                   config=export.png_config(f"{KEY}-{run.allocator}"))
         st.caption(f"{len(run.request_ids)} requests waiting. Answer the prediction above to run step 0.")
         return
     pool_view.pool_chart(snap, run.request_ids, f"{snap.num_slots:,} KV slots at step {snap.step}",
@@ -120,7 +121,7 @@ def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None 
                       + (f" (up to step {upto}: the rest is still to come)" if upto is not None else ""),
                       "token utilization", current_step=step)
     fig.update_xaxes(range=[0, n - 1])
-    st.plotly_chart(fig, width="stretch", key=f"{KEY}_curves", config=export.png_config(f"{KEY}-utilization"))
+    show_chart(fig, f"{KEY}_curves", config=export.png_config(f"{KEY}-utilization"))
     real = [r for r in runs if r.engine is not None]
     if real:
         st.markdown(f"**SmolLM2's answers so far** (greedy, so both allocators produce the same text; each "

@@ -23,6 +23,7 @@ from ui.lesson_figures import lines, status_timeline, value_bars
 from ui.models import chat_prompt, loaded_model
 from ui.predict import Prediction
 from ui.timed_runs import TimedRun, cached, new_timed_run, run_interleaved
+from ui.live_chart import show_chart
 
 KEY = "pressure"
 MODES = ("swap", "recompute")
@@ -284,11 +285,10 @@ class PressureView:
         hover = slot_hover_text(snap, rec.request_ids, self.text_of)
         fig = pool_heatmap(snap.slot_state, snap.slot_owner, hover, snap.block_size,
                            f"{mode}: {snap.num_slots} KV slots at step {snap.step}", height=260)
-        st.plotly_chart(fig, width="stretch", key=f"{KEY}_heat_{mode}", config=export.png_config(f"{KEY}-{mode}-pool"))
-        st.plotly_chart(self.timeline_figure(mode, step), width="stretch", key=f"{KEY}_timeline_{mode}",
-                        config=export.png_config(f"{KEY}-{mode}-timeline"))
-        st.plotly_chart(self.free_figure(mode, step), width="stretch", key=f"{KEY}_free_{mode}",
-                        config=export.png_config(f"{KEY}-{mode}-free"))
+        show_chart(fig, f"{KEY}_heat_{mode}", config=export.png_config(f"{KEY}-{mode}-pool"))
+        show_chart(self.timeline_figure(mode, step), f"{KEY}_timeline_{mode}",
+                   config=export.png_config(f"{KEY}-{mode}-timeline"))
+        show_chart(self.free_figure(mode, step), f"{KEY}_free_{mode}", config=export.png_config(f"{KEY}-{mode}-free"))
         rows = self.preemption_lines(rec, step)
         st.markdown(f"**{mode}: preemptions so far, and why each victim**")
         if rows:
@@ -311,8 +311,7 @@ class PressureView:
             with col:
                 self.side(m, step)
         st.caption(LEGEND)
-        st.plotly_chart(self.steptime_figure(step), width="stretch", key=f"{KEY}_steptime",
-                        config=export.png_config(f"{KEY}-step-times"))
+        show_chart(self.steptime_figure(step), f"{KEY}_steptime", config=export.png_config(f"{KEY}-step-times"))
         st.caption("Wall-clock times are measured on this machine. The two runs were stepped in turn (a swap step, a "
                    "recompute step, and so on), so load from anything else running weighs on both alike; the bytes, "
                    "blocks and token counts do not depend on the machine at all.")

@@ -1,0 +1,94 @@
+"""What a live chart sends (ui/live_chart.py): a whole figure first, then only what changed."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ui import live_chart
+from ui.live_chart import figure_json, message
+
+URL = "/component/x/plotly.min.js"
+
+
+def heat(z, title="t"):
+    fig = go.Figure(go.Heatmap(z=np.asarray(z, dtype=np.int8), showscale=False))
+    fig.update_layout(title=dict(text=title), height=300)
+    return figure_json(fig)
+
+
+def curve(n, marker=None):
+    fig = go.Figure(go.Scatter(x=list(range(n)), y=[i % 7 / 7 for i in range(n)], mode="lines"))
+    if marker is not None:
+        fig.add_vline(x=marker)
+    return figure_json(fig)
+
+
+def rebuilt(keyframe: dict, msg: dict) -> dict:
+    """The figure the browser's script builds from a keyframe and a message (its ``target``)."""
+    data = []
+    for i, t in enumerate(keyframe["data"]):
+        t = {**t, **msg.get("set", {}).get(str(i), {})}
+        for attr, e in msg.get("ext", {}).get(str(i), {}).items():
+            t[attr] = keyframe["data"][i][attr][: e["from"]] + e["tail"]
+        data.append(t)
+    return {"data": data, "layout": {**keyframe["layout"], **msg.get("layout", {})}}
+
+
+def test_first_message_is_the_whole_figure_then_only_the_changed_arrays():
+    state = {}
+    a, b = heat([[0, 1], [2, 3]], "step 1"), heat([[0, 1], [3, 3]], "step 2")
+    first = message(state, a, {}, URL, fresh=False)
+    assert first["full"] == a and first["rev"] == 0
+    second = message(state, b, {}, URL, fresh=False)
+    assert "full" not in second and second["base"] == first["base"] and second["prev"] == 0
+    assert set(second["set"]) == {"0"} and set(second["set"]["0"]) == {"z"}  # the heatmap's cells, nothing else
+    assert set(second["layout"]) == {"title"}
+    assert rebuilt(a, second) == b
+    assert len(json.dumps(second)) < len(json.dumps(a))
+
+
+def test_every_message_stands_on_its_keyframe_alone():
+    """A browser that drew only some of the messages (Streamlit draws the newest of a burst) still
+    draws the right figure from any one of them."""
+    state = {}
+    figs = [heat(np.full((4, 4), k % 5), f"step {k}") for k in range(6)]
+    msgs = [message(state, f, {}, URL, fresh=False) for f in figs]
+    for f, m in zip(figs[1:], msgs[1:]):
+        assert rebuilt(figs[0], m) == f
+
+
+def test_a_grown_curve_sends_its_new_points():
+    state = {}
+    message(state, curve(10, marker=9), {}, URL, fresh=False)
+    m = message(state, curve(11, marker=10), {}, URL, fresh=False)
+    assert m["grow"] == {"0": {"x": [10], "y": [10 % 7 / 7]}}  # Plotly.extendTraces appends these
+    assert set(m["relayout"]) == {"shapes"}  # the current-step line moved
+    assert m["ext"]["0"]["x"] == {"from": 10, "tail": [10]}
+    assert rebuilt(curve(10, marker=9), m) == curve(11, marker=10)
+    again = message(state, curve(13, marker=12), {}, URL, fresh=False)
+    assert again["ext"]["0"]["y"]["from"] == 10 and len(again["ext"]["0"]["y"]["tail"]) == 3
+    assert again["grow"]["0"]["x"] == [11, 12]
+
+
+def test_a_curve_that_changed_otherwise_is_redrawn():
+    state = {}
+    message(state, curve(10), {}, URL, fresh=False)
+    shorter = message(state, curve(5), {}, URL, fresh=False)  # scrubbed back
+    assert "grow" not in shorter and set(shorter["set"]["0"]) == {"x", "y"}
+
+
+def test_a_new_keyframe_when_asked_when_the_traces_change_or_when_the_changes_outgrow_it():
+    state = {}
+    message(state, heat([[0]]), {}, URL, fresh=False)
+    assert "full" in message(state, heat([[1]]), {}, URL, fresh=True)  # a full script run
+    assert "full" in message(state, curve(3), {}, URL, fresh=False)  # other traces
+    assert "full" not in message(state, curve(4), {}, URL, fresh=False)
+    assert "full" in message(state, curve(4 + live_chart.MAX_TAIL + 1), {}, URL, fresh=False)
+
+
+def test_the_template_is_the_apps_theme_not_plotlys_default():
+    fig = heat([[0]])
+    assert fig["layout"]["template"] == live_chart.THEME
+    assert len(json.dumps(fig["layout"]["template"])) < 2_000

@@ -1,0 +1,103 @@
+"""Charts that stay on the screen while playing (ui/live_chart.py; issue 21's "charts go blank while
+playing", issue 25's "no chart is rebuilt from scratch").
+
+One server, one Chromium page at 1280x720 on *Reserve or page* (scripted source). Play at Speed 10,
+then, once the step has moved, sample the paged pool's chart every SAMPLE_MS for at least
+SAMPLE_S seconds (and until the heatmap has shown a few different frames):
+
+- the chart's plot is on the screen at every sample: its node is there, drawn (Plotly's SVG with
+  the heatmap layer in it), never missing or empty; nor is it missing after any change to the page
+  between samples (a MutationObserver checks after each);
+- it is the same DOM node at every sample: frames update it in place (``st.plotly_chart`` mounted
+  a new element for every frame, blank until drawn);
+- its heatmap data (the cells' x, y and codes) changes from frame to frame on that node.
+
+Against ``st.plotly_chart`` this fails: the node changes every frame and samples catch it absent.
+The waits depend on progress (the step moving, frames arriving), bounded generously; nothing is timed.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.browser import chromium_page, running_app, wait_idle
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+PAGE = "reserve-or-page"
+CHART = ".st-key-rop_heat_paged .js-plotly-plot"
+STEP = '[data-testid="stMain"] [data-testid="stSlider"] input[aria-label="Step"]'
+PLAY = ".st-key-rop_play button"
+SAMPLE_MS = 100
+SAMPLE_S = 10.0
+MIN_FRAMES = 3  # different heatmaps seen on the node
+BOUND_S = 180.0  # the most the sampling may take on a slow machine (a bound, not an expectation)
+
+# Between samples, every change to the page is checked too: a MutationObserver notes each time the
+# chart's plot is missing once the browser has applied a batch of changes.
+WATCH = """(chart) => {
+  window.__blank = 0;
+  const drawn = () => { const n = document.querySelector(chart); return !!(n && n.querySelector('.main-svg') && n.querySelector('.hm')); };
+  new MutationObserver(() => { if (!drawn()) window.__blank += 1; })
+    .observe(document.querySelector('[data-testid="stMain"]'), {childList: true, subtree: true});
+}"""
+
+SAMPLE = """([chart, step]) => {
+  const node = document.querySelector(chart);
+  const s = document.querySelector(step);
+  const out = {present: false, same: false, z: null, step: s ? Number(s.value) : null};
+  if (!node) return out;
+  if (!window.__chartNode) window.__chartNode = node;
+  out.same = node === window.__chartNode;
+  const drawn = node.querySelector('.main-svg') && node.querySelector('.hm');
+  // the pool's cells: heatmap traces in column form (x, y, z per cell); arrays come as a typed
+  // array's base64 text ({dtype, bdata, shape}) or as plain arrays
+  const cells = (node.data || []).filter((t) => t.type === 'heatmap' && t.z);
+  out.present = !!(drawn && cells.length);
+  if (out.present) {  // a checksum of the cells drawn
+    let sum = 0, k = 1;
+    const add = (x) => { sum = (sum + x * k) % 1000000007; k = (k * 31) % 1000003; };
+    const walk = (a) => {
+      if (a === null || a === undefined) return;
+      if (a.bdata !== undefined) a = a.bdata;
+      if (typeof a === 'string') { for (let i = 0; i < a.length; i++) add(a.charCodeAt(i)); return; }
+      for (const x of a) { if (x !== null && typeof x === 'object') walk(x); else add(Number(x) || 0); } };
+    for (const t of cells) { walk(t.x); walk(t.y); walk(t.z); add(7); }
+    out.z = sum;
+  }
+  return out;
+}"""
+
+
+def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
+    with running_app() as url, chromium_page(1280, 720) as page:
+        page.goto(f"{url}/{PAGE}")
+        wait_idle(page)
+        page.wait_for_selector(CHART, timeout=120_000)
+        first = page.evaluate(SAMPLE, [CHART, STEP])
+        assert first["present"], "the paged pool's chart is not drawn after the page loaded"
+        page.evaluate(WATCH, CHART)
+        page.locator(PLAY).click()
+        deadline = time.monotonic() + BOUND_S
+        while page.evaluate(SAMPLE, [CHART, STEP])["step"] in (None, first["step"] or 0):
+            assert time.monotonic() < deadline, "Play did not move the step"
+            page.wait_for_timeout(SAMPLE_MS)
+        samples, start = [], time.monotonic()
+        while True:
+            samples.append(page.evaluate(SAMPLE, [CHART, STEP]))
+            seen = {s["z"] for s in samples if s["z"] is not None}
+            if time.monotonic() - start >= SAMPLE_S and len(seen) >= MIN_FRAMES:
+                break
+            assert time.monotonic() < deadline, f"only {len(seen)} different heatmaps in {len(samples)} samples"
+            page.wait_for_timeout(SAMPLE_MS)
+        blank = page.evaluate("() => window.__blank")
+        page.locator(PLAY).click()  # Pause
+        absent = [i for i, s in enumerate(samples) if not s["present"]]
+        replaced = [i for i, s in enumerate(samples) if s["present"] and not s["same"]]
+        assert not absent, f"the chart was absent or empty at {len(absent)} of {len(samples)} samples"
+        assert not replaced, f"the chart was a new DOM node at {len(replaced)} of {len(samples)} samples"
+        assert blank == 0, f"the chart's plot was missing after {blank} changes to the page"
+        steps = [s["step"] for s in samples]
+        assert steps[-1] > steps[0], "the run did not advance while sampled"
+        assert len({s["z"] for s in samples}) >= MIN_FRAMES  # new data, on the same node

@@ -1,0 +1,331 @@
+"""A Plotly chart that stays on the screen while playing: mounted once per key, then updated in place.
+
+``st.plotly_chart`` cannot do this in Streamlit 1.67: its browser side reads a figure only when it
+mounts the element, and the element's id is a hash of the figure, so every frame of a playing page
+was a new element that the browser built from scratch, showing blank for a moment in between (a
+stable id froze the chart at its first figure instead: ``ui/streamlit_compat.py``).
+:func:`show_chart` draws through a Custom Component v2 (inline JavaScript, no iframe, no build)
+whose element id is its key alone. Its JavaScript keeps one Plotly graph per element and applies
+each new message with ``Plotly.react`` (a diff against what is drawn: the axes, the toolbar and the
+DOM node stay), or with ``Plotly.extendTraces`` when the only change since the message before is
+curves grown by some points.
+
+What travels. The first message for a key in a script run (and any figure whose traces differ in
+number or type) carries the whole figure: the *keyframe*. Later ones carry only what differs from
+the keyframe: a trace's changed attributes (a heatmap's ``z``, its hover ``text``), the points a
+curve gained since the keyframe, and the top-level layout entries that changed (a title, the
+current-step line). Every message is complete given its keyframe, so a message the browser never
+drew (Streamlit renders only the newest of several that arrive together) costs nothing. A browser
+without that keyframe (the element was mounted afresh by a fragment rerun) asks for it, and the
+next run sends the whole figure. Numeric arrays travel as Plotly's typed-array form (base64), as
+``st.plotly_chart`` sends them.
+
+plotly.js is served offline, from the ``plotly`` Python package's own ``plotly.min.js`` (through
+Streamlit's component file route), and loaded once per page, not per chart or frame: nothing is
+fetched from the network. The toolbar (:func:`ui.export.png_config`) works as on ``st.plotly_chart``.
+
+    show_chart(fig, key=f"{KEY}_heat", config=export.png_config(f"{KEY}-pool"))
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import secrets
+from pathlib import Path
+
+import plotly
+import plotly.io as pio
+import streamlit as st
+import streamlit.components.v2 as components_v2
+
+COMPONENT = "pagedkv_live_chart"
+PLOTLY_DIR = Path(plotly.__file__).resolve().parent / "package_data"
+PLOTLY_FILE = "plotly.min.js"
+_ASSETS = "plotlyjs"  # the name the file route serves PLOTLY_DIR under (prefixed with this module's name)
+# A curve that has gained more points than this since its keyframe gets a new keyframe.
+MAX_TAIL = 512
+
+# Streamlit's own Plotly theme (what ``st.plotly_chart(theme="streamlit")`` applies in the browser),
+# for the light theme: fonts, colors, the legend and axes as the other charts of the app draw them.
+_TEXT, _GRID, _HEAD = "#31333F", "#e6eaf1", "#31333F"
+_FONT = '"Source Sans", "Source Sans Pro", sans-serif'
+THEME = {"layout": {
+    "font": {"color": _TEXT, "family": _FONT, "size": 12},
+    "title": {"font": {"family": _FONT, "size": 16, "color": _HEAD}, "xanchor": "left", "x": 0},
+    "legend": {"font": {"size": 12, "color": _TEXT}, "bordercolor": "rgba(0,0,0,0)", "borderwidth": 0},
+    "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff",
+    "colorway": ["#0068c9", "#83c9ff", "#ff2b2b", "#ffabab", "#29b09d", "#7defa1", "#ff8700", "#ffd16a",
+                 "#6d3fc0", "#d5dae5"],
+    "xaxis": {"gridcolor": _GRID, "zerolinecolor": _GRID, "tickcolor": _GRID, "showgrid": False, "zeroline": False,
+              "automargin": True, "title": {"font": {"size": 14, "color": _TEXT}, "standoff": 12},
+              "tickfont": {"size": 12, "color": _TEXT}},
+    "yaxis": {"gridcolor": _GRID, "zerolinecolor": _GRID, "tickcolor": _GRID, "automargin": True,
+              "ticklabelposition": "outside", "title": {"font": {"size": 14, "color": _TEXT}, "standoff": 12},
+              "tickfont": {"size": 12, "color": _TEXT}},
+    "hoverlabel": {"bgcolor": "#ffffff", "bordercolor": "rgba(49, 51, 63, 0.2)",
+                   "font": {"color": _TEXT, "family": _FONT, "size": 12}},
+}}
+
+JS = r"""
+const charts = new WeakMap();
+
+function plotlyReady(url) {
+  if (window.Plotly && window.Plotly.react) return Promise.resolve(window.Plotly);
+  if (!window.__pagedkvPlotly) {
+    window.__pagedkvPlotly = new Promise((resolve, reject) => {
+      const s = document.createElement("script");
+      s.src = url;
+      s.async = true;
+      s.dataset.pagedkv = "plotly";
+      s.onload = () => (window.Plotly ? resolve(window.Plotly) : reject(new Error("plotly.js loaded without Plotly")));
+      s.onerror = () => { window.__pagedkvPlotly = null; reject(new Error("plotly.js did not load from " + url)); };
+      document.head.appendChild(s);
+    });
+  }
+  return window.__pagedkvPlotly;
+}
+
+// The figure a message stands for: its keyframe with the message's changes on top (copies: Plotly
+// extends the arrays it is given in place, and the keyframe must stay as it came).
+function target(c, m) {
+  const copy = (v) => (Array.isArray(v) ? v.slice() : v);
+  const data = c.keyframe.data.map((t, i) => {
+    const out = Object.assign({}, t, (m.set && m.set[i]) || {});
+    out.x = copy(out.x);
+    out.y = copy(out.y);
+    const ext = m.ext && m.ext[i];
+    if (ext) for (const [attr, e] of Object.entries(ext)) out[attr] = (t[attr] || []).slice(0, e.from).concat(e.tail);
+    for (const k of ["x", "y"]) if (out[k] === undefined) delete out[k];
+    return out;
+  });
+  return { data, layout: Object.assign({}, c.keyframe.layout, m.layout || {}) };
+}
+
+async function draw(c) {
+  while (c.next) {
+    const m = c.next;
+    c.next = null;
+    try {
+      const Plotly = await plotlyReady(m.plotly);
+      if (c.base !== m.base) {  // mounted afresh after its keyframe was sent: ask for the whole figure
+        if (c.asked !== m.base) {
+          c.asked = m.base;
+          c.div.dataset.asks = String(Number(c.div.dataset.asks || 0) + 1);
+          c.setStateValue("missing", m.base + "@" + Date.now());
+        }
+        continue;
+      }
+      const grown = m.grow && c.rev === m.prev && c.drawn;
+      const fig = grown ? null : target(c, m);
+      if (grown) {  // only curves grew (and perhaps the layout changed): extend them in place
+        const idx = Object.keys(m.grow).map(Number);
+        const attrs = [...new Set(idx.flatMap((i) => Object.keys(m.grow[i])))];
+        const update = {};
+        for (const a of attrs) update[a] = idx.map((i) => m.grow[i][a] || []);
+        if (idx.length) Plotly.extendTraces(c.div, update, idx);
+        if (m.relayout && Object.keys(m.relayout).length) await Plotly.relayout(c.div, m.relayout);
+      } else {
+        await Plotly.react(c.div, fig.data, fig.layout, m.config || {});
+      }
+      c.drawn = true;
+      c.rev = m.rev;
+      c.div.dataset.rev = String(m.rev);
+      c.div.dataset.how = grown ? "extend" : (m.full ? "react-full" : "react");
+    } catch (err) {  // draw the next message on a clean plot
+      console.error("live chart", err);
+      c.div.dataset.error = String(err && err.message || err);
+      try { window.Plotly && window.Plotly.purge(c.div); } catch (e) { /* nothing drawn */ }
+      c.drawn = false;
+    }
+  }
+  c.busy = false;
+}
+
+export default function (component) {
+  const { data, parentElement, setStateValue } = component;
+  let c = charts.get(parentElement);
+  if (!c) {
+    const div = document.createElement("div");
+    div.className = "pagedkv-live-chart";
+    div.style.width = "100%";
+    parentElement.appendChild(div);
+    c = { div, keyframe: null, base: null, rev: -1, drawn: false, next: null, busy: false };
+    c.resize = new ResizeObserver(() => { if (c.drawn && window.Plotly) window.Plotly.Plots.resize(div); });
+    c.resize.observe(parentElement instanceof ShadowRoot ? parentElement.host : parentElement);
+    charts.set(parentElement, c);
+  }
+  c.setStateValue = setStateValue;
+  if (data && data.key && c.div.dataset.key !== data.key) c.div.dataset.key = data.key;
+  if (data) {
+    if (data.full) { c.keyframe = data.full; c.base = data.base; }  // kept even if a newer message comes first
+    c.next = data;  // only the newest message is drawn: each is complete given its keyframe
+    if (!c.busy) { c.busy = true; draw(c); }
+  }
+  // Streamlit also calls this when a newer message overtook this call (the element stays): only
+  // an element that has left the page is cleaned up.
+  return () => setTimeout(() => {
+    if (parentElement.isConnected || charts.get(parentElement) !== c) return;
+    c.resize.disconnect();
+    if (window.Plotly && c.drawn) window.Plotly.purge(c.div);
+    charts.delete(parentElement);
+  }, 0);
+}
+"""
+
+CSS = ".pagedkv-live-chart { width: 100%; }"
+
+_mount = components_v2.component(COMPONENT, js=JS, css=CSS, isolate_styles=False)
+_declared: set[int] = set()
+
+
+def plotly_url() -> str:
+    """Where the browser loads plotly.js from: the ``plotly`` package's own file, served by this
+    Streamlit server (a component file route), so a page plays without a network."""
+    import streamlit.components.v1 as components
+    from streamlit import config
+    from streamlit.runtime import Runtime
+
+    rt = id(Runtime.instance()) if Runtime.exists() else 0
+    if rt not in _declared:
+        declared = components.declare_component(_ASSETS, path=str(PLOTLY_DIR))
+        _declared.add(rt)
+        _NAME[0] = declared.name
+    base = (config.get_option("server.baseUrlPath") or "").strip("/")
+    return f"{'/' + base if base else ''}/component/{_NAME[0]}/{PLOTLY_FILE}"
+
+
+_NAME = [f"{__name__}.{_ASSETS}"]
+
+
+def figure_json(fig) -> dict:
+    """``fig`` as the JSON the browser gets (numeric arrays as base64 typed arrays), with the app's
+    theme as its template (not Plotly's default one, about 10 kB a message)."""
+    out = json.loads(pio.to_json(fig, validate=False))
+    out.setdefault("layout", {})["template"] = THEME
+    out.pop("frames", None)
+    return out
+
+
+def _shape(fig: dict) -> list:
+    return [t.get("type", "scatter") for t in fig.get("data", [])]
+
+
+def _extension(old, new) -> list | None:
+    """The points ``new`` adds to ``old`` when it is ``old`` with points appended (plain JSON lists)."""
+    if isinstance(old, list) and isinstance(new, list) and len(new) > len(old) and new[: len(old)] == old:
+        return new[len(old):]
+    return None
+
+
+def changes(keyframe: dict, fig: dict) -> dict:
+    """What a message carries on top of ``keyframe`` to stand for ``fig`` (same traces, in order):
+    ``set`` (trace index → attributes that differ), ``ext`` (trace index → attribute → the keyframe's
+    first ``from`` points and a ``tail``, for curves that grew) and ``layout`` (top-level entries
+    that differ)."""
+    set_, ext = {}, {}
+    for i, (a, b) in enumerate(zip(keyframe["data"], fig["data"])):
+        for attr in a.keys() | b.keys():
+            va, vb = a.get(attr), b.get(attr)
+            if va == vb:
+                continue
+            tail = _extension(va, vb) if attr in ("x", "y") else None
+            if tail is not None:
+                ext.setdefault(str(i), {})[attr] = {"from": len(va), "tail": tail}
+            else:
+                set_.setdefault(str(i), {})[attr] = vb
+    la, lb = keyframe.get("layout", {}), fig.get("layout", {})
+    layout = {k: lb.get(k) for k in la.keys() | lb.keys() if la.get(k) != lb.get(k)}
+    return {"set": set_, "ext": ext, "layout": layout}
+
+
+def growth(last: dict, fig: dict) -> tuple[dict, dict] | None:
+    """When ``fig`` differs from ``last`` (the figure sent before) only by points appended to
+    curves' x/y and by top-level layout entries: (trace index → attribute → new points, the layout
+    entries that changed). None otherwise (Plotly.react draws it)."""
+    grow = {}
+    for i, (a, b) in enumerate(zip(last["data"], fig["data"])):
+        for attr in a.keys() | b.keys():
+            va, vb = a.get(attr), b.get(attr)
+            if va == vb:
+                continue
+            tail = _extension(va, vb) if attr in ("x", "y") else None
+            if tail is None:
+                return None
+            grow.setdefault(str(i), {})[attr] = tail
+    for i, attrs in grow.items():  # extendTraces grows x and y together
+        a = last["data"][int(i)]
+        if isinstance(a.get("x"), list) and isinstance(a.get("y"), list) and set(attrs) != {"x", "y"}:
+            return None
+    la, lb = last.get("layout", {}), fig.get("layout", {})
+    relayout = {k: lb.get(k) for k in la.keys() | lb.keys() if la.get(k) != lb.get(k)}
+    return grow, relayout
+
+
+def message(state: dict, fig: dict, config: dict, url: str, *, fresh: bool) -> dict:
+    """The message for ``fig`` given what this key sent before (``state``, updated in place);
+    ``fresh``: start with a keyframe whatever was sent."""
+    rev = state.get("rev", -1) + 1
+    msg = {"plotly": url, "config": config, "rev": rev, "prev": state.get("rev", -1)}
+    kf = state.get("keyframe")
+    diff = None if fresh or kf is None or _shape(kf) != _shape(fig) else changes(kf, fig)
+    if diff is None or any(len(e["tail"]) > MAX_TAIL for t in diff["ext"].values() for e in t.values()):
+        kf = None
+    if kf is None:
+        state["keyframe"], state["base"] = fig, secrets.token_hex(6)
+        msg.update(full=fig, base=state["base"])
+    else:
+        msg.update(diff, base=state["base"])
+        last = state.get("last")
+        grown = growth(last, fig) if last is not None and _shape(last) == _shape(fig) else None
+        if grown is not None and grown[0]:
+            msg["grow"], msg["relayout"] = grown
+    state["last"], state["rev"] = fig, rev
+    return msg
+
+
+def _forget(state_key: str) -> None:
+    """The browser lacks this key's keyframe (it mounted the chart afresh): send the whole figure next."""
+    state = st.session_state.get(state_key)
+    if state is not None:
+        state.pop("keyframe", None)
+        state.pop("last", None)
+
+
+def _full_run() -> object | None:
+    """An object that is new in every full script run and the same through the fragment reruns
+    after it (a full run may mount the page's elements afresh: another page, the presenter view).
+    None in a fragment rerun before any full run, or outside a script run."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    if ctx is None:
+        return None
+    if not ctx.fragment_ids_this_run and st.session_state.get(_RUN) is not ctx.cursors:
+        st.session_state[_RUN] = ctx.cursors  # a new dict at the start of every run
+    return st.session_state.get(_RUN)
+
+
+_RUN = "_live_chart_full_run"
+
+
+def show_chart(fig, key: str, *, config: dict | None = None, where=None) -> None:
+    """Draw ``fig`` (a plotly Figure) full width under ``key``, updating the chart drawn under the
+    same key in place (no new element, nothing blank). ``config``: Plotly's config (the toolbar,
+    :func:`ui.export.png_config`); ``where``: a container or column (default: here)."""
+    state_key = f"_live_chart_{key}"
+    state = st.session_state.setdefault(state_key, {})
+    run = _full_run()
+    fresh = state.get("run") is not run
+    state["run"] = run
+    msg = message(state, figure_json(fig), {"responsive": True, **(config or {})}, plotly_url(), fresh=fresh)
+    msg["key"] = key  # on the chart's node as data-key, for tests and style sheets
+    with where if where is not None else contextlib.nullcontext():
+        _mount(key=key, data=msg, width="stretch", height="content",
+               on_missing_change=functools.partial(_forget, state_key))
+
+
+def sent_figure(data: dict) -> dict | None:
+    """The whole figure a message carries (a keyframe), or None for a message of changes. For tests
+    that read a chart's figure off an element (AppTest runs are full runs: every chart is a keyframe)."""
+    return data.get("full") if isinstance(data, dict) else None

@@ -30,8 +30,8 @@ SMOLLM2_PARAMS = 134_515_008  # SmolLM2-135M-Instruct, counted from the loaded m
 SMOLLM2 = KVShape("SmolLM2-135M", 30, 3, 64, 9)
 
 
-def make_scripted(config):
-    return Engine(config, ScriptedSource())
+def make_scripted(config, recording=None):
+    return Engine(config, ScriptedSource(), recording=recording)
 
 
 def explainer_pair():
@@ -193,15 +193,15 @@ def test_next_event_lands_on_a_step_with_that_kind(kind):
 
 
 def test_event_index_grows_with_a_live_run():
-    engine = Engine(EngineConfig(), ScriptedSource())
-    build_workload("burst", seed=0).submit(engine)
     from ui.runs.model import Run
     run = Run("paged", EngineConfig())
+    engine = Engine(EngineConfig(), ScriptedSource(), recording=run.recording)
+    build_workload("burst", seed=0).submit(engine)
     for _ in range(5):
-        run.append(engine.step()[1])
+        engine.step(snapshot=False)
     first = list(run_events.index(run).steps["admission"])
     for _ in range(40):
-        run.append(engine.step()[1])
+        engine.step(snapshot=False)
     grown = run_events.index(run).steps["admission"]
     assert grown[: len(first)] == first and len(grown) > len(first)
     assert grown == [s for s in range(run.num_steps) if any(e.kind == "admit" for e in run.at(s).events)]

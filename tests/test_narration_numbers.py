@@ -125,8 +125,8 @@ def check(name: str, *worlds: list[str], allowed: set[float]) -> None:
     assert not bad, f"{name}:\n" + "\n".join(bad)
 
 
-def make_scripted(config):
-    return Engine(config, ScriptedSource())
+def make_scripted(config, recording=None):
+    return Engine(config, ScriptedSource(), recording=recording)
 
 
 class ShiftTokenizer(CharTokenizer):
@@ -244,7 +244,8 @@ class StopSource(ScriptedSource):
 
 def test_live_engine_narration_is_read_off_the_run():
     lengths = [{"q0": 3, "q1": 12, "q2": 16}, {"q0": 14, "q1": 16, "q2": 15}, {"q0": 9, "q1": 6, "q2": 14}]
-    recs = [with_wall_times(live_engine.guide_run(lambda c, n=n: Engine(c, StopSource(n)), tok, live_engine.GUIDE_CONFIG),
+    recs = [with_wall_times(live_engine.guide_run(lambda c, recording=None, n=n: Engine(c, StopSource(n), recording=recording),
+                                                  tok, live_engine.GUIDE_CONFIG),
                             base, slope) for (tok, base, slope), n in zip(TOKENIZERS, lengths)]
     check("live_engine", *(step_texts(live_engine.guide_steps(r)) for r in recs),
           allowed=settings_of(live_engine, live_engine.GUIDE_CONFIG))
@@ -257,7 +258,8 @@ LIVE_LENGTHS = [None, {"q0": 3, "q1": 12, "q2": 16}, {"q0": 14, "q1": 16, "q2": 
 def test_live_engine_guide_never_goes_back_in_time(lengths):
     """Each guide step shows a step at or after the one before it showed, a prediction's reveal
     included (a finished request is never "about to finish" later)."""
-    rec = live_engine.guide_run(lambda c: Engine(c, StopSource(lengths or {})), CharTokenizer(), live_engine.GUIDE_CONFIG)
+    rec = live_engine.guide_run(lambda c, recording=None: Engine(c, StopSource(lengths or {}), recording=recording),
+                                CharTokenizer(), live_engine.GUIDE_CONFIG)
     seen = 0
     for s in live_engine.guide_steps(rec):
         assert s.show["step"] >= seen, (s.title, s.show["step"], seen)

@@ -217,8 +217,8 @@ def test_recordings_read_the_lesson_facts_back_from_the_engine():
     from ui.lessons.prefix_sharing import prefix_sharing_run
     from ui.lessons.under_pressure import pressure_run
 
-    def make(config):
-        return Engine(config, ScriptedSource())
+    def make(config, recording=None):
+        return Engine(config, ScriptedSource(), recording=recording)
 
     rec = prefix_sharing_run(make, CharTokenizer(), EngineConfig(block_size=16, pool_slots=16384))
     assert rec.done and rec.engine is None  # finished, pool released

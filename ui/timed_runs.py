@@ -1,12 +1,15 @@
 """Real-model runs that the teaching pages record step by step.
 
 A :class:`TimedRun` drives one :class:`~pagedkv_core.engine.Engine` through its public API and
-keeps, per step, the snapshot, the wall time of ``engine.step()`` (``time.perf_counter``) and every
-sample's output tokens so far. Every number a lesson shows (time to first token, prefill tokens
-computed or skipped, bytes swapped, tokens recomputed) is read back from these runs: measured, not
-asserted. A lesson's scenario is a function ``scenario(make_engine, tokenizer, config, *args)``
-that runs the same with the real model (the pages) or any other token source; it never allocates
-anything itself.
+keeps, per step, the wall time of ``engine.step()`` (``time.perf_counter``) and every sample's
+output tokens so far; the engine records each step into the run's recording itself, as a delta of
+what changed (``Engine(config, source, recording=rec)`` and ``engine.step(snapshot=False)``, like
+every other run), so a step costs what it changed, not a full snapshot of the pool. Every number a
+lesson shows (time to first token, prefill tokens computed or skipped, bytes swapped, tokens
+recomputed) is read back from these runs: measured, not asserted. A lesson's scenario is a
+function ``scenario(make_engine, tokenizer, config, *args)`` that runs the same with the real
+model (the pages) or any other token source; it never allocates anything itself.
+``make_engine(config, recording=rec)`` returns a fresh engine that records into ``rec``.
 """
 from __future__ import annotations
 
@@ -20,8 +23,9 @@ import streamlit as st
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.events import ADMIT, CACHE_HIT, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN
+from pagedkv_core.outputs import RequestOutput
 from pagedkv_core.sampling import SamplingParams
-from pagedkv_core.record.snapshot import StepSnapshot
+from ui.live_stepper import GuardedRecording
 from ui.runs.model import Run
 
 MAX_LESSON_STEPS = 400  # a lesson run that has not ended by then is cut short
@@ -63,11 +67,12 @@ class TimedRun(Run):
         self.request_ids.append(request_id)
         self.done = False
 
-    def step(self) -> StepSnapshot:
-        """One ``engine.step()``, timed, with every request's outputs so far."""
+    def step(self) -> list[RequestOutput]:
+        """One ``engine.step()``, timed (the engine records it into :attr:`recording`), with every
+        request's outputs so far; returns the step's outputs."""
         eng = self.engine
         t0 = time.perf_counter()
-        outs, snap = eng.step()
+        outs, _ = eng.step(snapshot=False)
         self.wall_s.append(time.perf_counter() - t0)
         for o in outs:
             if o.reject_reason:
@@ -78,10 +83,9 @@ class TimedRun(Run):
                 while len(samples) <= c.index:
                     samples.append([])
                 samples[c.index].extend(c.new_token_ids)  # only what this step added
-        self.append(snap)
         self.lengths.append({rid: tuple(len(t) for t in samples) for rid, samples in self.tokens.items()})
         self.done = not eng.has_unfinished()
-        return snap
+        return outs
 
     def run(self, max_steps: int = MAX_LESSON_STEPS) -> "TimedRun":
         while self.engine.has_unfinished() and self.num_steps < max_steps:
@@ -245,7 +249,7 @@ class TimedRun(Run):
         return rows
 
 
-MakeEngine = Callable[[EngineConfig], Engine]
+MakeEngine = Callable[..., Engine]  # make_engine(config, recording=rec): a fresh engine that records into rec
 
 
 def run_interleaved(runs: list[TimedRun], max_steps: int = MAX_LESSON_STEPS) -> list[TimedRun]:
@@ -264,13 +268,15 @@ def run_interleaved(runs: list[TimedRun], max_steps: int = MAX_LESSON_STEPS) -> 
 
 
 def new_timed_run(label: str, config: EngineConfig, make_engine: MakeEngine) -> TimedRun:
-    """An empty run on a fresh engine; ``bytes_per_block`` from the token source when it knows it."""
-    engine = make_engine(config)
+    """An empty run on a fresh engine that records into the run's recording (written under the
+    lock the run reads it under); ``bytes_per_block`` from the token source when it knows it."""
+    recording = GuardedRecording()
+    engine = make_engine(config, recording=recording)
     bpb = 0
     source = engine.source
     if hasattr(source, "bytes_per_block"):
         bpb = int(source.bytes_per_block(config.block_size))
-    return TimedRun(label, config, bytes_per_block=bpb, engine=engine)
+    return TimedRun(label, config, bytes_per_block=bpb, engine=engine, recording=recording)
 
 
 # ---------------------------------------------------------------------------- Streamlit side

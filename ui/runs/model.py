@@ -122,11 +122,6 @@ class Run:
         with self._lock:
             return self.recording.events(self.recording.first_step + i)
 
-    def append(self, snapshot: StepSnapshot) -> None:
-        """Record a full snapshot (a run whose engine takes snapshots; it is diffed into the recording)."""
-        with self._lock:
-            self.recording.append(snapshot)
-
     def events(self, *kinds: str, upto: int | None = None) -> list[tuple[int, Event]]:
         """(step, event) of the given kinds (all kinds when none given), in order, up to ``upto``."""
         last = self.num_steps if upto is None else min(upto + 1, self.num_steps)

@@ -142,44 +142,49 @@ class CacheView:
     events name no physical block id), its slots hold its tokens, state ``cached``; a removed
     block's position is freed. Blocks past ``num_blocks`` are counted in ``overflow``, not drawn.
     What the view cannot know (who holds a block, whether it is in use, partial blocks) it shows
-    as unknown: ``view.knows`` lacks those fields and owners are ``UNKNOWN_OWNER``."""
+    as unknown: ``view.knows`` lacks those fields and owners are ``UNKNOWN_OWNER``. Blocks are
+    keyed by (data-parallel rank, hash): several ranks may share one display pool."""
 
     def __init__(self, num_blocks: int, block_size: int, medium: str = DEFAULT_MEDIUM):
         self.view = PoolView.observed(num_blocks, block_size)
         self.medium = medium
         self.overflow = 0
-        self._position: dict[int, int] = {}  # hash -> display block
+        self._position: dict[tuple[int, int], int] = {}  # (rank, hash) -> display block
         self._free = list(range(num_blocks - 1, -1, -1))
 
-    def apply(self, event) -> None:
+    def apply(self, event, rank: int = 0) -> None:
         if (getattr(event, "medium", None) or DEFAULT_MEDIUM) != self.medium:
             return
         if isinstance(event, BlockStored):
             bs = event.block_size
             for i, h in enumerate(event.block_hashes):
-                self._place(h, event.token_ids[i * bs:(i + 1) * bs])
+                self.place(rank, h, event.token_ids[i * bs:(i + 1) * bs])
         elif isinstance(event, BlockRemoved):
             for h in event.block_hashes:
-                self._forget(h)
+                self.forget(rank, h)
         elif isinstance(event, AllBlocksCleared):
-            for h in list(self._position):
-                self._forget(h)
+            for r, h in [k for k in self._position if k[0] == rank]:
+                self.forget(r, h)
 
-    def _place(self, h: int, tokens) -> None:
-        if h in self._position:
+    def place(self, rank: int, h: int, tokens) -> None:
+        if (rank, h) in self._position:
             return
         if not self._free:
             self.overflow += 1
             return
-        b = self._position[h] = self._free.pop()
+        b = self._position[(rank, h)] = self._free.pop()
         self.view.place(b, signed_hash(h), tokens)
 
-    def _forget(self, h: int) -> None:
-        b = self._position.pop(h, None)
+    def forget(self, rank: int, h: int) -> None:
+        b = self._position.pop((rank, h), None)
         if b is not None:
             self.view.forget(b)
             self._free.append(b)
 
-    def position(self, h: int) -> int | None:
+    def position(self, h: int, rank: int = 0) -> int | None:
         """The display block showing hash ``h`` (None: not cached, or past the pool)."""
-        return self._position.get(h)
+        return self._position.get((rank, h))
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._position)

@@ -5,9 +5,10 @@ TraceWriter` for ``--trace-out``, :class:`~pagedkv_core.record.recording.Recordi
 player scrubs it like any run:
 
 - the pool is a display pool of ``num_blocks`` blocks (the server's ``num_gpu_blocks`` when its
-  /metrics reports it): each cached block the server announced takes a position, and its slots hold
-  its token ids, state ``cached``; a removed block's position is freed. The positions are ours:
-  vLLM's physical block ids are not in its events;
+  /metrics reports it), a :class:`~.cache_state.CacheView` (a pool view that knows no owners:
+  they show as ``UNKNOWN_OWNER``): each cached block the server announced takes a position, and its
+  slots hold its token ids, state ``cached``; a removed block's position is freed. The positions
+  are ours: vLLM's physical block ids are not in its events;
 - the step's events carry the server's, whole (``kv_stored``: hashes, parent, tokens, block size,
   medium, rank, server time; ``kv_removed``; ``kv_cleared``), and an ``observed`` event with the
   wall time, so the forest of chains at any step is rebuilt by folding them (:meth:`Observation.
@@ -25,16 +26,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..events import Event
 from ..metrics import StepMetrics
-from ..record.slot_state import SlotState
 from ..record.snapshot import StepSnapshot
-from .cache_state import DEFAULT_MEDIUM, CacheState
+from .cache_state import DEFAULT_MEDIUM, CacheState, CacheView
 from .observer import ObservedBatch
 from .server_metrics import MetricsSample
-from .wire import AllBlocksCleared, BlockRemoved, BlockStored, signed_hash
+from .wire import AllBlocksCleared, BlockRemoved, BlockStored
 
 OBSERVATION_KIND = "vllm-observation"
 DEFAULT_DISPLAY_BLOCKS = 4096
@@ -84,12 +82,9 @@ class ObservationRecorder:
         self.medium = medium
         self.clock = clock
         self._pending: list[Event] = []
-        self._position: dict[tuple[int, int], int] = {}  # (rank, hash) -> display block
-        self._free: list[int] = []
-        self.overflow = 0
         self.metrics: MetricsSample | None = None
         self.steps = 0
-        self._arrays: dict[str, np.ndarray] | None = None
+        self._cache: CacheView | None = None  # the display pool, folded from the events (from the first tick)
 
     # ------------------------------------------------------------------ input
     def on_batch(self, batch: ObservedBatch) -> None:
@@ -109,44 +104,16 @@ class ObservationRecorder:
         bs = self.block_size or 16
         nb = max(1, min(self.num_blocks or DEFAULT_DISPLAY_BLOCKS, MAX_DISPLAY_SLOTS // bs))
         self.block_size, self.num_blocks = bs, nb
-        self._free = list(range(nb - 1, -1, -1))
-        self._arrays = {
-            "slot_state": np.zeros(nb * bs, np.int8), "slot_owner": np.full(nb * bs, -1, np.int32),
-            "slot_token": np.full(nb * bs, -1, np.int32), "block_state": np.zeros(nb, np.int8),
-            "block_ref": np.zeros(nb, np.int32), "block_fill": np.zeros(nb, np.int16),
-            "block_hash": np.zeros(nb, np.int64),
-        }
+        self._cache = CacheView(nb, bs, self.medium)
         set_header = getattr(self.recorder, "set_header", None)
         if set_header is not None:
             set_header({**self.header, "observation": {"kind": OBSERVATION_KIND, "unknown": list(UNKNOWN),
                                                        "medium": self.medium}})
 
-    def _place(self, rank: int, h: int, tokens) -> None:
-        a, bs = self._arrays, self.block_size
-        if (rank, h) in self._position:
-            return
-        if not self._free:
-            self.overflow += 1
-            return
-        b = self._free.pop()
-        self._position[(rank, h)] = b
-        a["block_state"][b] = SlotState.CACHED
-        a["block_fill"][b] = bs
-        a["block_hash"][b] = signed_hash(h)
-        a["slot_state"][b * bs:(b + 1) * bs] = SlotState.CACHED
-        a["slot_token"][b * bs:(b + 1) * bs] = np.asarray(tokens[:bs], dtype=np.int32) if len(tokens) >= bs else -1
-
-    def _unplace(self, rank: int, h: int) -> None:
-        b = self._position.pop((rank, h), None)
-        if b is None:
-            return
-        a, bs = self._arrays, self.block_size
-        a["block_state"][b] = SlotState.FREE
-        a["block_fill"][b] = 0
-        a["block_hash"][b] = 0
-        a["slot_state"][b * bs:(b + 1) * bs] = SlotState.FREE
-        a["slot_token"][b * bs:(b + 1) * bs] = -1
-        self._free.append(b)
+    @property
+    def overflow(self) -> int:
+        """Blocks announced while every display position was taken (counted, not drawn)."""
+        return self._cache.overflow if self._cache is not None else 0
 
     def _fold(self, event: Event) -> None:
         d = event.detail
@@ -156,13 +123,12 @@ class ObservationRecorder:
         if event.kind == STORED:
             bs = int(d["block_size"])
             for i, h in enumerate(d["hashes"]):
-                self._place(rank, h, d["tokens"][i * bs:(i + 1) * bs])
+                self._cache.place(rank, h, d["tokens"][i * bs:(i + 1) * bs])
         elif event.kind == REMOVED:
             for h in d["hashes"]:
-                self._unplace(rank, h)
+                self._cache.forget(rank, h)
         elif event.kind == CLEARED:
-            for r, h in [k for k in self._position if k[0] == rank]:
-                self._unplace(r, h)
+            self._cache.apply(AllBlocksCleared(self.medium), rank)
 
     def _metrics(self) -> StepMetrics:
         v = self.metrics.values if self.metrics else {}
@@ -174,15 +140,15 @@ class ObservationRecorder:
 
     def tick(self, t: float | None = None) -> int:
         """Record one step with what arrived since the last tick; returns its step number."""
-        if self._arrays is None:
+        if self._cache is None:
             self._start()
         events, self._pending = self._pending, []
         for e in events:
             self._fold(e)
         t = self.clock() if t is None else t
-        events.append(Event(OBSERVED, -1, "", {"t": t, "cached": len(self._position), "overflow": self.overflow,
+        events.append(Event(OBSERVED, -1, "", {"t": t, "cached": self._cache.num_cached, "overflow": self.overflow,
                                                 "metrics": self.metrics is not None}))
-        a = {k: v.copy() for k, v in self._arrays.items()}
+        a = {k: v.copy() for k, v in self._cache.view.arrays.items()}
         snap = StepSnapshot(step=self.steps, allocator="paged", block_size=self.block_size,
                             num_slots=self.num_blocks * self.block_size, num_blocks=self.num_blocks, num_host_blocks=0,
                             **a, events=tuple(events), metrics=self._metrics())
@@ -192,7 +158,7 @@ class ObservationRecorder:
 
     def close(self, footer: dict | None = None):
         close = getattr(self.recorder, "close", None)
-        if self._arrays is None:
+        if self._cache is None:
             self.tick()
         if close is not None:
             return close(footer)

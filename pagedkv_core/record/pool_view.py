@@ -75,7 +75,8 @@ class PoolView:
         self.block_ref = np.zeros(num_blocks, dtype=np.int32)  # ref counts can pass 32,767 at 1M slots
         self.block_fill = np.zeros(num_blocks, dtype=np.int16)
         self.block_hash = np.zeros(num_blocks, dtype=np.int64)
-        self._holders: dict[int, list[tuple[int, int]]] = {}  # block -> (seq id, request index), oldest first
+        self._holders: dict[int, list[int]] = {}  # block in use -> the seq ids holding it, oldest first
+        self._owner_of: dict[int, int] = {}  # seq id -> request index (its owner code)
         self._slots: list[int] = []
         self._blocks: list[int] = []
         self._tables: set[int] = set()
@@ -114,7 +115,7 @@ class PoolView:
 
     def owners(self, b: int) -> list[int]:
         """Request indices holding block ``b``, oldest first (the first is the one shown)."""
-        return [owner for _, owner in self._holders.get(b, ())]
+        return [self._owner_of[sid] for sid in self._holders.get(b, ())]
 
     # ------------------------------------------------------------------ folding
     def fold(self, entries) -> None:
@@ -154,7 +155,7 @@ class PoolView:
         self.block_state[b] = code if n else (_SHARED if ref > 1 else _EMPTY)
         self.slot_state[base : base + n] = code
         self.slot_state[base + n : base + bs] = _EMPTY
-        self.slot_owner[base : base + bs] = holders[0][1]
+        self.slot_owner[base : base + bs] = self._owner_of[holders[0]]
 
     def _clear_tokens(self, b: int) -> None:
         bs = self.block_size
@@ -166,21 +167,20 @@ class PoolView:
         self._tables.add(seq_id)
 
     def _taken(self, b: int, seq_id: int, owner: int) -> None:
-        self._holders[b] = [(seq_id, owner)]
+        self._holders[b] = [seq_id]
+        self._owner_of[seq_id] = owner
         self.block_hash[b] = NO_HASH  # a taken block holds nothing (a cached one was evicted)
         self._clear_tokens(b)
         self._refresh(b)
 
     def _held(self, b: int, seq_id: int, owner: int) -> None:
-        self._holders.setdefault(b, []).append((seq_id, owner))
+        self._holders.setdefault(b, []).append(seq_id)
+        self._owner_of[seq_id] = owner
         self._refresh(b)
 
     def _released(self, b: int, seq_id: int) -> None:
         holders = self._holders[b]
-        for i, (sid, _) in enumerate(holders):
-            if sid == seq_id:
-                del holders[i]
-                break
+        holders.remove(seq_id)
         if not holders:
             del self._holders[b]
             if self.block_hash[b] == NO_HASH:
@@ -301,7 +301,7 @@ class PoolView:
             assert self.block_ref[b] == ref, f"block {b}: view ref {self.block_ref[b]}, allocator {ref}"
             assert self.block_hash[b] == block.block_hash, f"block {b}: view hash differs from the allocator's"
             assert self.block_fill[b] == n, f"block {b}: view fill {self.block_fill[b]}, allocator {n}"
-            mine = [sid for sid, _ in self._holders.get(b, ())]
+            mine = list(self._holders.get(b, ()))
             assert sorted(mine) == sorted(holders.get(b, ())), f"block {b}: view holders {mine}, tables {holders.get(b)}"
             states = self.slot_state[base : base + bs]
             owners = self.slot_owner[base : base + bs]
@@ -314,7 +314,7 @@ class PoolView:
             else:
                 code = _SHARED if ref > 1 else _FILLED
                 assert (states[:n] == code).all() and (states[n:] == _EMPTY).all(), f"block {b}: slot states {states}"
-                assert (owners == self._holders[b][0][1]).all(), f"block {b}: owner"
+                assert (owners == self._owner_of[self._holders[b][0]]).all(), f"block {b}: owner"
 
     def _check_contiguous(self, alloc, live) -> None:
         # A free run shows FREE or FRAGMENT: a hole counted as fragmentation may show part FREE when a

@@ -1,5 +1,5 @@
 """Server time of one playback step of the "Reserve or page" page: a 2,048-slot pair of heatmaps
-(hover text, figures, JSON as Streamlit sends it) plus the utilization curves. Target < 150 ms.
+(cells, hover, figures, JSON as Streamlit sends it) plus the utilization curves. Target < 150 ms.
 
     .venv/bin/python -m benchmarks.bench_playback
 """
@@ -10,9 +10,9 @@ import time
 
 from benchmarks.common import print_table, write_result
 from pagedkv_core.config import EngineConfig
-from pagedkv_core.record.slot_state import SlotState
 from pagedkv_core.workloads.scenarios import build_workload
-from ui.figures import pool_heatmap, slot_hover_text, step_curves
+from ui.figures import step_curves
+from ui.pool_cells import snapshot_heatmap
 from ui.runs.model import Run
 from ui.runs.scripted import play_scripted
 
@@ -30,9 +30,7 @@ def playback_step(runs: list[Run], step: int) -> int:
     sent = 0
     for run in runs:
         snap = run.at(step)
-        text = slot_hover_text(snap, run.request_ids)
-        fig = pool_heatmap(snap.slot_state, snap.slot_owner, text, max(1, snap.block_size), "x",
-                           shared_mask=snap.slot_state == SlotState.SHARED)
+        fig = snapshot_heatmap(snap, run.request_ids, "x")[0]
         sent += len(fig.to_json())
     series = {run.allocator: run.metric("token_utilization") for run in runs}
     sent += len(step_curves(range(max(r.num_steps for r in runs)), series, "t", "y", current_step=step).to_json())
@@ -53,7 +51,7 @@ def run(quick: bool = False, steps: int = 60) -> dict:
     median = statistics.median(times)
     return {
         "setup": {"pool_slots": 2048, "block_size": 16, "workload": "explainer40", "steps_timed": steps,
-                  "work": "hover text + heatmap figure + JSON for both pools, plus the utilization curves"},
+                  "work": "heatmap figure (cells and their hover) + JSON for both pools, plus the utilization curves"},
         "median_ms": round(median, 1),
         "p90_ms": round(sorted(times)[int(0.9 * len(times))], 1),
         "bytes_per_step": int(statistics.median(sizes)),

@@ -7,8 +7,7 @@ from pagedkv_core.engine import Engine
 from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.record.trace_file import write_trace
 from pagedkv_core.workloads.scenarios import build_workload
-from ui.figures import color_codes
-from ui.pool_cells import figure_cells
+from ui.pool_cells import cell_codes, figure_cells, pool_cells
 from tests.apptest import app, figure, open_page, plotly_array, uploader
 
 def engine_run(allocator: str, workload="explainer40", **cfg):
@@ -22,6 +21,11 @@ def engine_run(allocator: str, workload="explainer40", **cfg):
 
 def heat_z(spec) -> np.ndarray:
     return figure_cells(spec)[0]
+
+
+def color_codes(slot_state, slot_owner) -> np.ndarray:
+    """The colour code of every slot, drawn one cell per slot."""
+    return cell_codes(pool_cells(slot_state, slot_owner, 1))
 
 
 def test_reserve_or_page_heatmaps_equal_the_engine_snapshots():

@@ -1,5 +1,5 @@
 """Figures of the teaching pages (block tables, timelines, sweeps, bars). Pure functions from
-recorded numbers to Plotly figures; the pool heatmap itself is :func:`ui.figures.pool_heatmap`."""
+recorded numbers to Plotly figures; the pool heatmap itself is :func:`ui.pool_cells.snapshot_heatmap`."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from pagedkv_core.sequence import SequenceStatus
-from ui.figures import REQUEST_COLORS
+from ui.pool_cells import REQUEST_COLORS
 
 FONT = dict(size=13)
 REF_COLORS = ["#9ecae1", "#fdae6b", "#e6550d", "#a63603", "#7f2704", "#4a1402"]  # ref 1, 2, 3, 4, 5, 6+

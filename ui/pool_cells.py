@@ -44,6 +44,10 @@ How a page uses it (``snap`` a :class:`~pagedkv_core.record.snapshot.StepSnapsho
                               format_func=lambda w: "whole pool" if w is None else window_label(w, snap.block_size))
     cells = pool_cells(snap.slot_state, snap.slot_owner, snap.block_size, window=window)
     st.plotly_chart(pool_heatmap(cells, title, run.request_ids, token_text=text_of, snapshot=snap))
+
+:func:`snapshot_heatmap` does the last two lines in one call, and :mod:`ui.pool_view` wraps it for a
+page (the zoom select box, the chart and its per-state counts). Every pool heatmap of the app is
+drawn here; :mod:`ui.export` reuses the cells and colours for its animations.
 """
 from __future__ import annotations
 
@@ -533,7 +537,7 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
     n = cells.num_cells
     width = grid_columns(n, cells.block_size if cells.per_slot else 1)
     # The cells' block size is the grid's unit; it names allocator blocks unless the snapshot is a
-    # contiguous pool drawn on a paged pool's grid (``grid_block`` of :func:`ui.figures.snapshot_cells`).
+    # contiguous pool drawn on a paged pool's grid (``grid_block`` of :func:`snapshot_cells`).
     blocks = snapshot is None or snapshot.num_blocks > 0 or snapshot.block_size == cells.block_size
     rows = -(-n // width)
     codes = cell_codes(cells)
@@ -578,6 +582,39 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
                    tickmode="array", tickvals=ticks, ticktext=[f"{cells.lo + r * width * spc:,}" for r in ticks]),
     )
     return go.Figure(data=traces, layout=layout)
+
+
+# ---------------------------------------------------------------------------------------- snapshots
+def snapshot_cells(snap, window=None, grid_block: int | None = None) -> PoolCells:
+    """The snapshot's pool (or the ``window`` = (lo, hi) of it) cut into heatmap cells.
+    ``grid_block``: the unit of the grid (cells per row a whole number of it, cells of whole
+    units) instead of the snapshot's block size; pools drawn side by side pass the same one, so a
+    contiguous pool (block size 1) and a paged pool get the same grid and cell size."""
+    return pool_cells(snap.slot_state, snap.slot_owner, max(1, grid_block or snap.block_size), window=window)
+
+
+def snapshot_heatmap(snap, request_ids, title: str, *, token_text=None, window=None,
+                     height: int = 420, grid_block: int | None = None) -> tuple[go.Figure, PoolCells]:
+    """The pool of ``snap`` at its level of detail (:func:`pool_cells`), and the cells drawn."""
+    cells = snapshot_cells(snap, window, grid_block)
+    return pool_heatmap(cells, title, request_ids, token_text=token_text, snapshot=snap, height=height), cells
+
+
+def free_pool_heatmap(num_slots: int, block_size: int, title: str, *, window=None,
+                      height: int = 420) -> tuple[go.Figure, PoolCells]:
+    """A pool in which every slot is free (before step 0)."""
+    cells = pool_cells(np.zeros(num_slots, np.int8), np.full(num_slots, -1, np.int32), max(1, block_size),
+                       window=window)
+    return pool_heatmap(cells, title, [], height=height), cells
+
+
+def state_counts(cells: PoolCells) -> str:
+    """"All 2,048 slots: free 1,200 · filled 800 · empty 48": the slots of each state that occurs
+    among the cells drawn (exact: they equal ``np.bincount`` of the slot states)."""
+    totals = cells.state_totals.tolist()
+    where = (f"All {cells.num_slots:,} slots" if (cells.lo, cells.hi) == (0, cells.num_slots)
+             else f"Slots {cells.lo:,}–{cells.hi - 1:,} of {cells.num_slots:,}")
+    return f"{where}: " + " · ".join(f"{STATE_NAMES[s]} {n:,}" for s, n in enumerate(totals) if n)
 
 
 # ---------------------------------------------------------------------------------------- reading back

@@ -14,9 +14,8 @@ from __future__ import annotations
 import streamlit as st
 
 from ui import export
-from ui.figures import free_pool_heatmap, snapshot_heatmap, state_counts
-from ui.pool_cells import window_label, zoom_windows
 from ui.live_chart import show_chart
+from ui.pool_cells import free_pool_heatmap, snapshot_heatmap, state_counts, window_label, zoom_windows
 
 
 def zoom_control(key: str, num_slots: int, block_size: int = 1, *, where=None):
@@ -41,7 +40,7 @@ def pool_chart(snap, request_ids, title: str, *, key: str, window=None, token_te
                png_name: str | None = None, grid_block: int | None = None):
     """The pool of ``snap`` (or the ``window`` of it) as a heatmap, with the slots of each state
     in a caption under it. Returns the cells drawn (:class:`ui.pool_cells.PoolCells`).
-    ``grid_block``: one grid for pools drawn side by side (:func:`ui.figures.snapshot_cells`)."""
+    ``grid_block``: one grid for pools drawn side by side (:func:`ui.pool_cells.snapshot_cells`)."""
     fig, cells = snapshot_heatmap(snap, request_ids, title, token_text=token_text, window=window, height=height,
                                   grid_block=grid_block)
     show_chart(fig, key, config=export.png_config(png_name or key))

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from pagedkv_core.events import ADMIT, CACHE_HIT, COW, FINISH, PREEMPT_RECOMPUTE, PREEMPT_SWAP, REJECT, SWAP_IN
-from ui.figures import REQUEST_COLORS, series_color
+from ui.figures import series_color
+from ui.pool_cells import REQUEST_COLORS
 
 EVENT_GROUPS: dict[str, tuple[str, ...]] = {
     "admission": (ADMIT,),

@@ -16,7 +16,8 @@ from pagedkv_core.record.waste import CLASSES
 from pagedkv_core.workloads.scenarios import Workload
 from ui import export, guide, pool_view, predict, presenter, settings
 from ui.predict import Prediction
-from ui.figures import LEGEND, snapshot_heatmap, step_curves
+from ui.figures import step_curves
+from ui.pool_cells import LEGEND, snapshot_heatmap
 from ui.runs.model import BASELINE_LABELS, RESERVES, Run
 from ui.runs.scripted import named_workload, scripted_runs
 from ui.runs.session import report_stops

@@ -13,7 +13,7 @@ from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sequence import STATUS_NAMES
 from pagedkv_core.record.slot_state import SlotState
 from ui import export, player, presenter
-from ui.figures import LEGEND, free_pool_heatmap, snapshot_heatmap
+from ui.pool_cells import LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.guide import GuideStep
 from ui.predict import Prediction
 from ui.lesson_figures import block_table_arrows, most_advanced, short_text

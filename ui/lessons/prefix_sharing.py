@@ -12,7 +12,7 @@ from pagedkv_core.kv.prefix_hash import hash_block
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sequence import SequenceStatus
 from ui import export, guide, player, presenter, settings
-from ui.figures import LEGEND, snapshot_heatmap
+from ui.pool_cells import LEGEND, snapshot_heatmap
 from ui.guide import GuideStep
 from ui.predict import Prediction
 from ui.lesson_figures import block_tables_grid, short_text, split_bars, value_bars

@@ -7,7 +7,8 @@ import streamlit as st
 from pagedkv_core.events import FINISH
 from pagedkv_core.workloads.scenarios import build_workload
 from ui import export, guide, player, pool_view, presenter
-from ui.figures import LEGEND, free_pool_heatmap, snapshot_heatmap, step_curves
+from ui.figures import step_curves
+from ui.pool_cells import LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.predict import Prediction, range_options
 from ui.models import tokenizer
 from ui.runs.live import REAL_MAX_TOKENS, LiveRun, live_texts

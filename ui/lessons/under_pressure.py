@@ -17,10 +17,11 @@ from pagedkv_core.sizing.kv_math import format_bytes
 from pagedkv_core.sampling import SamplingParams
 from ui import export, guide, player, presenter, settings
 from ui.costs import COPY_BYTES, MATMUL_N, PCIE_NAME, CostModel, Rates, flops_per_token, measure_rates, rate, seconds
-from ui.figures import ALLOCATOR_COLORS, LEGEND, pool_heatmap, slot_hover_text
+from ui.figures import ALLOCATOR_COLORS
 from ui.guide import GuideStep
 from ui.lesson_figures import lines, status_timeline, value_bars
 from ui.models import chat_prompt, loaded_model
+from ui.pool_cells import LEGEND, snapshot_heatmap
 from ui.predict import Prediction
 from ui.timed_runs import TimedRun, cached, new_timed_run, run_interleaved
 from ui.live_chart import show_chart
@@ -282,9 +283,8 @@ class PressureView:
                     "engine.step(), decodes and prefills included (the two runs were stepped in turn, so the machine's "
                     "load weighs on both alike); the bill compares the modelled cost of the preemption work alone")
         c[2].metric("mean step time", f"{k['mean step s'] * 1000:.0f} ms")
-        hover = slot_hover_text(snap, rec.request_ids, self.text_of)
-        fig = pool_heatmap(snap.slot_state, snap.slot_owner, hover, snap.block_size,
-                           f"{mode}: {snap.num_slots} KV slots at step {snap.step}", height=260)
+        fig = snapshot_heatmap(snap, rec.request_ids, f"{mode}: {snap.num_slots} KV slots at step {snap.step}",
+                               token_text=self.text_of, height=260)[0]
         show_chart(fig, f"{KEY}_heat_{mode}", config=export.png_config(f"{KEY}-{mode}-pool"))
         show_chart(self.timeline_figure(mode, step), f"{KEY}_timeline_{mode}",
                    config=export.png_config(f"{KEY}-{mode}-timeline"))

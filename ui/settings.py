@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import streamlit as st
 
 from pagedkv_core.config import ConfigError, SettingSpec, setting_spec
-from pagedkv_core.workloads.scenarios import Workload
+from pagedkv_core.workloads.hashed_log import FIELDS as HASHED_LOG_FIELDS, HASH_BLOCK
+from pagedkv_core.workloads.scenarios import DEFAULT_SECONDS_PER_STEP, LOG_COLUMNS, MAX_LOG_REQUESTS, Workload
 from ui import player, sessions, workshop
 from ui.runs.scripted import named_workload
 from ui.runs.session import uploaded_workload
@@ -215,7 +216,7 @@ POLICY_LABELS = {
     "oracle": "Orca Oracle: exactly the answer",
 }
 # The options of a request-log upload (pagedkv_core.workloads.scenarios.LogOptions), shown when one is uploaded.
-CSV_DEFAULTS = {"csv_start": 0, "csv_count": 200, "csv_seconds_per_step": 0.05, "csv_rate": 1.0}
+CSV_DEFAULTS = {"csv_start": 0, "csv_count": 200, "csv_seconds_per_step": DEFAULT_SECONDS_PER_STEP, "csv_rate": 1.0}
 # A hashed log's (.jsonl) length scales: each keeps a 512-token hash block a whole number of tokens.
 HASH_SCALES = {"1": 1.0, "1/2": 0.5, "1/4": 0.25, "1/8": 0.125, "1/16": 0.0625, "1/32": 0.03125}
 
@@ -320,10 +321,10 @@ def sidebar() -> None:
     sb.file_uploader("…or a workload file (.json, .csv or .jsonl)", type=["json", "csv", "gz", "jsonl"],
                      key="workload_upload", max_upload_size=workshop.upload_cap_mb(),
                      help='A JSON list of {"id", "prompt" or "prompt_len", "output_len", "max_tokens", "arrival_step", "n"}, '
-                          "or a request log: a CSV (or .csv.gz) with the columns TIMESTAMP, ContextTokens and "
-                          "GeneratedTokens, one request per row (Azure's LLM inference traces have them), or JSON lines "
-                          '(.jsonl) of {"timestamp", "input_length", "output_length", "hash_ids"}, one request per line '
-                          "with a hash id per 512-token prompt block (Mooncake's traces have them; equal ids share a prefix).")
+                          f"or a request log: a CSV (or .csv.gz) with the columns {', '.join(LOG_COLUMNS[:-1])} and "
+                          f"{LOG_COLUMNS[-1]}, one request per row (Azure's LLM inference traces have them), or JSON lines "
+                          '(.jsonl) of {"' + '", "'.join(HASHED_LOG_FIELDS) + '"}, one request per line '
+                          f"with a hash id per {HASH_BLOCK}-token prompt block (Mooncake's traces have them; equal ids share a prefix).")
     if upload is not None:
         report_rejections(sb)
     if upload is not None and is_request_log(upload.name):
@@ -331,7 +332,7 @@ def sidebar() -> None:
             st.session_state.setdefault(k, v)
         c = sb.columns(2)
         c[0].number_input("Skip rows", min_value=0, step=100, key="csv_start", help="Rows of the request log to skip first.")
-        c[1].number_input("Requests", min_value=1, max_value=5000, step=50, key="csv_count",
+        c[1].number_input("Requests", min_value=1, max_value=MAX_LOG_REQUESTS, step=50, key="csv_count",
                           help="How many rows after the skipped ones become requests.")
         c = sb.columns(2)
         c[0].number_input("Log seconds per step", min_value=0.001, max_value=3600.0, step=0.01, format="%.3f",
@@ -340,7 +341,7 @@ def sidebar() -> None:
                           help="2 = the requests arrive twice as densely as in the log.")
         if is_hashed_log(upload.name):
             sb.select_slider("Length scale", options=list(HASH_SCALES), key="hash_length_scale",
-                             help="Scale every length: a 512-token hash block becomes 512 x this many tokens, which "
+                             help=f"Scale every length: a {HASH_BLOCK}-token hash block becomes {HASH_BLOCK} x this many tokens, which "
                                   "the block size must divide (1/16: 32-token blocks).")
     sb.radio("Token source", list(SOURCES), key="source", format_func=SOURCES.get,
              help="Scripted plays hundreds of steps instantly; SmolLM2 runs the real model and shows real text.")

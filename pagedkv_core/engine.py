@@ -174,7 +174,7 @@ class Engine:
             self.scheduler.touched.add(request)
             return
         n = request.sampling.n
-        if n > 1 and not self.allocator.supports_fork:
+        if n > 1 and not self.allocator.capabilities.fork:
             for i in range(n):  # contiguous: every sample is its own sequence from the start
                 self.scheduler.add(self.scheduler.new_sequence(request, i, list(request.prompt_token_ids)))
         else:
@@ -207,8 +207,8 @@ class Engine:
             raise RuntimeError(f"engine made no progress at step {step}: {sched.waiting[:3]} {sched.swapped[:3]}")
         outputs = self._outputs()
         alloc = self.allocator
-        head_need = alloc.admission_slots(sched.waiting[0]) if alloc.reports_fragmentation and sched.waiting else 0
-        if alloc.reports_fragmentation:
+        head_need = alloc.admission_slots(sched.waiting[0]) if alloc.capabilities.fragmentation and sched.waiting else 0
+        if alloc.capabilities.fragmentation:
             alloc.update_fragmentation(head_need)
         seqs = seq_arrays(alloc, sched)
         metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"], head_need)

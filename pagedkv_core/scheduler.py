@@ -83,8 +83,8 @@ class Scheduler:
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
         self.budget_per_step = config.max_batch_tokens
-        self.watermark_blocks = config.watermark_blocks if allocator.supports_swap else 0
-        self.swap_enabled = config.preemption == "swap" and allocator.supports_swap
+        self.watermark_blocks = config.watermark_blocks if allocator.capabilities.swap else 0
+        self.swap_enabled = config.preemption == "swap" and allocator.capabilities.swap
         self.waiting: list[Sequence] = []  # sorted by order
         self.running: list[Sequence] = []  # in admission order: the last is the most recently admitted
         self.swapped: list[Sequence] = []  # sorted by order

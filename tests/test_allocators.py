@@ -14,7 +14,7 @@ from pagedkv_core.workloads.scenarios import build_workload
 
 from .engine_helpers import add, lone_sequence, make_engine, run_checked, streams
 
-CAPABILITIES = ("supports_swap", "supports_fork", "reports_fragmentation")
+CAPABILITIES = ("swap", "fork", "fragmentation")
 
 
 @pytest.mark.parametrize("name", list(ALLOCATORS))
@@ -22,7 +22,7 @@ def test_registry_entry_states_its_contract(name):
     cls = ALLOCATORS[name]
     assert cls.name == name and cls.kind in ("paged", "contiguous")
     for flag in CAPABILITIES:
-        assert isinstance(getattr(cls, flag), bool), f"{name}.{flag} must be stated"
+        assert isinstance(getattr(cls.capabilities, flag), bool), f"{name}.capabilities.{flag} must be stated"
     alloc = build_allocator(EngineConfig(allocator=name, pool_slots=256, block_size=4), 200)
     assert alloc.max_model_len == 200  # passed in, never set from outside
     assert alloc.changes.take() == []  # nothing logged: no change log was given

@@ -31,7 +31,7 @@ def _cases():
             if name == BIG and alloc not in ("paged", "contiguous"):
                 continue  # the same trace, 1/8 scale, runs on every allocator as azure-conv-small
             for mode in PREEMPTION_MODES:
-                if mode != PREEMPTION_MODES[0] and not allocator_class(alloc).supports_swap:
+                if mode != PREEMPTION_MODES[0] and not allocator_class(alloc).capabilities.swap:
                     continue  # an allocator that cannot preempt runs the same in either mode
                 yield pytest.param(name, alloc, mode, id=f"{name}-{alloc}-{mode}")
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .changes import NoChangeLog
-from .protocol import Admission, Growth, Usage
+from .protocol import Admission, Capabilities, Growth, Usage
 from ..events import ALLOCATE, Event
 from ..sequence import Sequence
 
@@ -34,9 +34,8 @@ class ContiguousAllocator:
 
     name = "contiguous"
     kind = "contiguous"
-    supports_swap = False  # a reservation covers its whole future: nothing ever needs preempting
-    supports_fork = False
-    reports_fragmentation = True
+    # A reservation covers its whole future: nothing ever needs preempting.
+    capabilities = Capabilities(swap=False, fork=False, fragmentation=True)
     block_size = 1  # as token sources see it: a block is one slot
     num_host_slots = 0
     host_used_blocks = 0

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .block_pool import Block, BlockPool, HostPool
 from .changes import NoChangeLog
 from .eviction import make_eviction
-from .protocol import Admission, Growth, Usage
+from .protocol import Admission, Capabilities, Growth, Usage
 from .prefix_hash import NO_HASH, extend_block_hashes
 from ..events import ALLOCATE, APPEND, CACHE_HIT, COW, FORK, Event
 from ..sequence import Sequence, SequenceStatus
@@ -36,9 +36,7 @@ class BlockManager:
 
     name = "paged"
     kind = "paged"
-    supports_swap = True
-    supports_fork = True
-    reports_fragmentation = False
+    capabilities = Capabilities(swap=True, fork=True, fragmentation=False)
     fragmented_slots = 0  # blocks need no consecutive run: no external fragmentation
     largest_free_run = 0
 

@@ -6,9 +6,9 @@ run of slots each); what it exposes is:
 
 - **sizes** as token sources see them (``block_size``, ``num_blocks``, ``num_slots``,
   ``num_host_slots``): a contiguous layout is ``num_slots`` blocks of one slot;
-- **capabilities**, stated, never guessed: ``supports_swap`` (preemption by swap or
-  recompute; an allocator without it never preempts), ``supports_fork`` (``n`` samples share
-  the prompt's blocks), ``reports_fragmentation`` (free holes too small for the next
+- **capabilities**, stated, never guessed, in one :class:`Capabilities` value: ``swap``
+  (preemption by swap or recompute; an allocator without it never preempts), ``fork`` (``n``
+  samples share the prompt's blocks), ``fragmentation`` (free holes too small for the next
   reservation are external fragmentation, counted by ``update_fragmentation``);
 - **admission**: ``rejection_reason``, ``exceeds_pool``, ``admission_slots``, ``try_admit``;
 - **growth and release**: ``try_append``, ``mark_written``, ``free``;
@@ -38,6 +38,14 @@ if TYPE_CHECKING:
     from .changes import ChangeLog, NoChangeLog
     from ..events import Event
     from ..sequence import Sequence
+
+
+class Capabilities(NamedTuple):
+    """What an allocator can do; the scheduler and the engine ask, never guess."""
+
+    swap: bool  # preempts (by swap or recompute); False: a reservation covers its whole future
+    fork: bool  # ``n`` samples share the prompt's blocks (False: each sample is its own sequence)
+    fragmentation: bool  # free holes too small for the next reservation count as external fragmentation
 
 
 class Admission(NamedTuple):
@@ -73,9 +81,7 @@ class Usage(NamedTuple):
 class Allocator(Protocol):
     name: str  # the registry name
     kind: str  # "paged" (block tables) or "contiguous" (one run of slots per sequence)
-    supports_swap: bool
-    supports_fork: bool
-    reports_fragmentation: bool
+    capabilities: Capabilities
     block_size: int  # as token sources see it (1 for contiguous layouts)
     num_blocks: int  # blocks of block_size (contiguous: num_slots)
     num_slots: int

@@ -45,6 +45,8 @@ BENCHMARKS = {
     "live": "the real-model Reserve-or-page pair in Chromium: Play to first frame, steps/s with 1 and 3 sessions",
     "prefix-capacity": "Mooncake's conversation trace: prefix-cache hit rate against pool size, LRU and Belady, "
                        "beside the ideal replay and the paper's Figure 9",
+    "replay-speed": "whole request logs (Azure conv, Mooncake conv) at 262,144 slots with --trace-out: wall time, "
+                    "peak RSS, trace size, steps/s while sequences run; beside commit 9fbef5e's engine",
     "gpu": "CUDA: benchmarks/gpu_kernels.py and benchmarks/gpu_engine.py (skipped without a GPU)",
 }
 MODEL_BENCHMARKS = ("throughput", "overhead", "prefix", "roofline")  # share one loaded model

@@ -12,7 +12,8 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TABLE = Path(__file__).resolve().parent / "README_TABLE.md"
-ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "playback", "scale", "roofline", "live",
+ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "playback", "scale", "replay-speed", "roofline",
+         "live",
          "prefix-capacity", "gpu_engine", "gpu_kernels")
 
 
@@ -63,6 +64,19 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
                          f"(recording {row['recording_mb']:.0f} MB); trace {row['trace_mb']:.1f} MB{extra}", "reported", "-"))
         for t in r.get("targets", []):
             rows.append((f"scale: {t['name']}", f"{t['value']:,}", t["target"].replace(">=", "≥").replace("<=", "≤"),
+                         _verdict(t["pass"])))
+        return rows
+    if name == "replay-speed":
+        for row in r.get("rows", []):
+            which = "whole" if row.get("count") is None else f"first {row['count']:,}"
+            rows.append((f"replay speed: `{row['log']}` ({which}), {row['allocator']}, 262,144 slots, --trace-out, "
+                         f"engine {row['engine']}",
+                         f"{row['wall_s']:,.1f} s, {row['requests']:,} requests, {row['steps']:,} steps "
+                         f"({row['busy_steps']:,} busy: {row['busy_steps_per_s']:,.0f}/s); peak RSS "
+                         f"{row['peak_rss_mb']:,.0f} MB; trace {row['trace_mb']:,.1f} MB "
+                         f"({row['trace_kb_per_step']:.1f} KB a step)", "reported", "-"))
+        for t in r.get("targets", []):
+            rows.append((f"replay speed: {t['name']}", f"{t['value']:,}", t["target"].replace(">=", "≥").replace("<=", "≤"),
                          _verdict(t["pass"])))
         return rows
     if name == "roofline":

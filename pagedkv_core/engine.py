@@ -18,9 +18,18 @@ The engine owns the pool view (:attr:`Engine.view`, a
 :class:`~pagedkv_core.record.pool_view.PoolView`): the allocator logs what it changes, and the
 view folds that log after every step into the arrays snapshots and recordings read. With
 ``Engine(..., snapshots=False)`` and no recording there is no view and nothing is logged.
+
+Long request logs are fed rather than added (:meth:`Engine.feed`): the engine pulls each request
+from an iterator shortly before it arrives and forgets it once its last output is returned, so
+memory follows the requests alive, not the log. With ``Engine(..., skip_idle=True)`` an idle
+stretch (nothing waiting, running or swapped, the next arrival steps ahead) passes in one
+``step()`` call: its metrics say how many steps it skipped (``idle_skipped``), a recording still
+gets every step (each a copy of the first, which changed nothing), and arrival steps keep their
+meaning.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import operator
 import time
@@ -50,11 +59,12 @@ def _is_utf8(text: str) -> bool:
 
 class Engine:
     def __init__(self, config: EngineConfig, source: TokenSource, recording=None, kv_event_sink=None, *,
-                 snapshots: bool = True):
+                 snapshots: bool = True, skip_idle: bool = False):
         """``kv_event_sink`` (paged allocators): told of prefix-cache blocks stored, evicted and
         cleared, and ``flush()``-ed at the end of every step (see pagedkv_core.observe.publisher).
         ``snapshots=False``: :meth:`step` is only ever called with ``snapshot=False``; without a
-        recording either, the engine keeps no pool view and the allocator logs nothing."""
+        recording either, the engine keeps no pool view and the allocator logs nothing.
+        ``skip_idle``: an idle stretch passes in one :meth:`step` call (see the module docstring)."""
         self.config = config
         self.source = source
         self.max_model_len = min(config.max_model_len, int(source.max_model_len))
@@ -71,6 +81,11 @@ class Engine:
             recording.start(self.view.scalars(), self.view.arrays)
         self.requests: dict[str, Request] = {}
         self._pending: list[tuple[int, int, Request]] = []  # heap of (arrival_step, index, request)
+        self._feed = None  # requests still to come, pulled as they arrive (feed())
+        self._feed_next = None  # the next of them, pulled ahead to read its arrival step
+        self._release_finished = False  # feed(): forget a request once its last output is returned
+        self.num_requests = 0  # added so far (released ones included)
+        self.skip_idle = skip_idle
         self.step_index = 0
         self.stats = RunStats()
         self.num_finished = 0
@@ -109,7 +124,7 @@ class Engine:
             arrival = self.step_index
         request = Request(
             request_id,
-            len(self.requests),
+            self.num_requests,
             list(prompt_token_ids),
             sampling,
             arrival,
@@ -119,6 +134,7 @@ class Engine:
         if reject is not None:
             self._doomed[request_id] = reject  # rejected, with this reason, when it arrives
         self.requests[request_id] = request
+        self.num_requests += 1
         heapq.heappush(self._pending, (arrival, request.index, request))
         return request_id
 
@@ -128,6 +144,37 @@ class Engine:
         rid = self.add_request(request_id, [], arrival_step=arrival_step)
         self._doomed.setdefault(rid, str(reason))
 
+    def feed(self, requests) -> None:
+        """Requests that come later, pulled lazily: ``requests`` is an iterable, in
+        non-decreasing ``arrival_step`` order, of objects with an ``arrival_step`` and a
+        ``submit(engine)`` that adds them (:meth:`add_request` or :meth:`add_rejected`). Each is
+        submitted in the step it arrives. From then on a request is forgotten once its last
+        output is returned (``requests`` and :meth:`get_request` hold only the live ones), so a
+        log of any length runs in the memory of the requests alive. Belady eviction needs every
+        request up front, and is refused here (ValueError)."""
+        if self.config.eviction == "belady":
+            raise ValueError("Belady eviction needs every request up front: add them with add_request, not feed")
+        if self._feed is not None:
+            raise ValueError("the engine already has a request feed")
+        self._feed = iter(requests)
+        self._feed_next = next(self._feed, None)
+        self._release_finished = True
+
+    def _pull_feed(self, step: int) -> None:
+        while self._feed_next is not None and self._feed_next.arrival_step <= step:
+            item = self._feed_next
+            self._feed_next = next(self._feed, None)
+            if self._feed_next is not None and self._feed_next.arrival_step < item.arrival_step:
+                raise ValueError(f"the request feed is out of arrival order: step {self._feed_next.arrival_step} "
+                                 f"after step {item.arrival_step}")
+            item.submit(self)
+
+    def _next_arrival(self) -> int | None:
+        steps = [self._pending[0][0]] if self._pending else []
+        if self._feed_next is not None:
+            steps.append(self._feed_next.arrival_step)
+        return min(steps, default=None)
+
     def get_request(self, request_id: str) -> Request:
         return self.requests[request_id]
 
@@ -135,7 +182,7 @@ class Engine:
         return self.scheduler.seqs[seq_id]
 
     def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_work()
+        return bool(self._pending) or self._feed_next is not None or self.scheduler.has_work()
 
     def _invalid_reason(self, request: Request) -> str | None:
         if request.request_id in self._doomed:
@@ -192,6 +239,8 @@ class Engine:
         sched.sampled.clear()
         if step == 0 and self.config.eviction == "belady":
             plan_eviction(self.allocator, self.requests.values())  # the future: every request held now
+        if self._feed_next is not None:
+            self._pull_feed(step)
         while self._pending and self._pending[0][0] <= step:
             self._arrive(heapq.heappop(self._pending)[2])
         plan = sched.schedule(step)
@@ -211,9 +260,10 @@ class Engine:
         if alloc.capabilities.fragmentation:
             alloc.update_fragmentation(head_need)
         seqs = seq_arrays(alloc, sched)
-        metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"], head_need)
-        self.stats.add(metrics)
         events = (*self._arrivals, *plan.events, *after)
+        skipped = self._idle_ahead(step, batch, events, outputs)
+        metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"], head_need, skipped)
+        self.stats.add(metrics)
         self._arrivals.clear()
         snap = None
         if self.view is not None:
@@ -223,10 +273,33 @@ class Engine:
                 self.recording.record(step, changes, seqs, events, metrics)
             if snapshot:
                 snap = take_snapshot(step, self.view, seqs, events, metrics)
+        if skipped:
+            self._skip_idle(step, skipped, seqs, metrics)
         if self.kv_event_sink is not None:
             self.kv_event_sink.flush()
-        self.step_index += 1
+        self.step_index += 1 + skipped
         return outputs, snap
+
+    def _idle_ahead(self, step: int, batch, events, outputs) -> int:
+        """With ``skip_idle``: the steps after an idle ``step`` (it did nothing and nothing is
+        left to do) until the next arrival; 0 otherwise."""
+        if not self.skip_idle or batch.seqs or events or outputs or self.scheduler.has_work():
+            return 0
+        if batch.swap_out or batch.swap_in or batch.copies:
+            return 0
+        nxt = self._next_arrival()
+        return 0 if nxt is None or nxt <= step + 1 else nxt - step - 1
+
+    def _skip_idle(self, step: int, skipped: int, seqs: dict, metrics: StepMetrics) -> None:
+        """Steps ``step + 1 .. step + skipped`` at once: each is an idle step's copy (no change,
+        no events, the same metrics but ``idle_skipped`` 0); a recording still gets every one."""
+        same = dataclasses.replace(metrics, idle_skipped=0)
+        for _ in range(skipped):
+            self.stats.add(same)
+        if self.recording is not None:
+            for j in range(1, skipped + 1):
+                self.view.fold(self._changes.take())
+                self.recording.record(step + j, self.view.take_changes(), seqs, (), same)
 
     def reset_prefix_cache(self) -> bool:
         """Empty the prefix cache, as vLLM's ``/reset_prefix_cache``: only while no request
@@ -262,6 +335,8 @@ class Engine:
                 outputs.append(
                     RequestOutput(request.request_id, request.prompt_token_ids, outs, True, FINISH_REJECTED, request.reject_reason)
                 )
+                if self._release_finished:
+                    self._release(request)
                 continue
             outs = []
             for s in request.seqs:
@@ -272,6 +347,8 @@ class Engine:
             finished = request.finished
             if finished:
                 self.num_finished += 1
+                if self._release_finished:
+                    self._release(request)
             outputs.append(
                 RequestOutput(
                     request.request_id,
@@ -283,7 +360,14 @@ class Engine:
             )
         return outputs
 
-    def _metrics(self, counts: StepCounts, execute_s: float, seq_num_blocks, head_need: int = 0) -> StepMetrics:
+    def _release(self, request: Request) -> None:
+        """Forget a finished request (feed()): its outputs are out, and nothing reads it again."""
+        self.requests.pop(request.request_id, None)
+        for s in request.seqs:
+            self.scheduler.seqs.pop(s.seq_id, None)
+
+    def _metrics(self, counts: StepCounts, execute_s: float, seq_num_blocks, head_need: int = 0,
+                 idle_skipped: int = 0) -> StepMetrics:
         sched = self.scheduler
         use = self.allocator.usage()
         allocated = use.allocated_slots
@@ -309,6 +393,7 @@ class Engine:
             num_finished=self.num_finished,
             num_rejected=self.num_rejected,
             execute_s=execute_s,
+            idle_skipped=idle_skipped,
         )
 
     def summary(self) -> RunSummary:
@@ -319,7 +404,7 @@ class Engine:
             self.stats,
             self.scheduler.totals,
             **{name: getattr(cfg, name) for name in RunSummary.CONFIG_FIELDS},
-            requests=len(self.requests),
+            requests=self.num_requests,
             finished=self.num_finished,
             rejected=list(self._rejected),
             prefix_cache_hit_rate=use.hit_tokens / queried if queried else 0.0,

@@ -83,6 +83,7 @@ class StepMetrics:
     num_finished: int = 0  # requests, cumulative
     num_rejected: int = 0
     execute_s: float = 0.0  # wall time of the token source's execute()
+    idle_skipped: int = 0  # idle steps after this one passed in the same step() call (Engine(skip_idle=True))
 
     def to_json(self) -> dict:
         return asdict(self)

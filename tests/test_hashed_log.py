@@ -235,7 +235,7 @@ def test_the_limits_of_every_workload_file_hold(monkeypatch):
     with pytest.raises(ConfigError, match="bytes is more than the 100 a workload file may have"):
         workload_from_bytes(data, "x.jsonl")
     monkeypatch.undo()
-    monkeypatch.setattr(hashed_log, "MAX_LOG_REQUESTS", 4)
+    monkeypatch.setattr(hashed_log, "MAX_BUILT_LOG_REQUESTS", 4)
     with pytest.raises(ConfigError, match="more than 4 requests after request 0: give a count of at most 4"):
         workload_from_bytes(data, "x.jsonl")
     assert len(workload_from_bytes(data, "x.jsonl", count=4).requests) == 4

@@ -19,7 +19,12 @@ the workload before the run.
 
 A request log (a CSV, or Mooncake's JSON lines with prefix hashes) is a workload file like any
 other; ``--log-start`` and ``--log-count`` pick its window (``--trace-start`` and
-``--trace-count``, their former spellings, still work).
+``--trace-count``, their former spellings, still work). A log in time order is streamed: checked
+whole first, then read again as the run goes and fed to the engine shortly before each request
+arrives (:meth:`~pagedkv_core.engine.Engine.feed`), finished requests forgotten, so a log of up to
+1,000,000 requests runs in the memory of the requests alive. Its trace lists each request in the
+step it arrives (its lengths; the prompt ids are the log's seeded tokens). Idle stretches pass in
+one engine step (``Engine(skip_idle=True)``; the summary counts every step).
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from ..sources.scripted import ScriptedSource
 from ..safe_io import check_writable
 from ..record.waste import CLASSES, WasteAccumulator, final_written
 from ..workloads.hashed_log import DEFAULT_CONTEXT as HASHED_LOG_CONTEXT
-from ..workloads.scenarios import WORKLOADS, LogOptions, build_workload, load_workload_file
+from ..workloads.scenarios import WORKLOADS, LogOptions, LogStream, build_workload, load_workload_file, stream_workload_file
 from .flags import add_engine_args, config_from_args
 from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
 from .parsing import add_renamed, length_scale, trace_writer
@@ -82,7 +87,8 @@ def register(subparsers) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     # The flags first (the pool size may come from the workload), and the trace's path: a bad
     # value fails before the workload is built or run.
-    check_kv_events(args, config_from_args(args, pool_slots=setting_spec("pool_slots").default).allocator)
+    flags = config_from_args(args, pool_slots=setting_spec("pool_slots").default)
+    check_kv_events(args, flags.allocator)
     if args.trace_out:
         check_writable(args.trace_out, "trace")
     options = {name: getattr(args, flag) for name, flag in LOG_FLAGS.items() if getattr(args, flag) is not None}
@@ -92,7 +98,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                               f"*.csv or *.jsonl")
         workload = build_workload(args.workload, args.seed)
     else:
-        workload = load_workload_file(args.workload_file, args.seed, **options)
+        load = load_workload_file if flags.eviction == "belady" else stream_workload_file  # Belady needs all up front
+        workload = load(args.workload_file, args.seed, **options)
     config = config_from_args(args, pool_slots=workload.pool_slots)
     problem = workload.block_size_problem(config)
     if problem is not None:
@@ -101,14 +108,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     sink = None
     try:
         sink = open_kv_events(args, config.block_size)
-        engine = Engine(config, ScriptedSource(), recording=writer, kv_event_sink=sink)
-        workload.submit(engine)
+        engine = Engine(config, ScriptedSource(), recording=writer, kv_event_sink=sink, skip_idle=True)
+        if isinstance(workload, LogStream):
+            engine.feed(workload.requests() if writer is None else _listed(workload.requests(), writer))
+        else:
+            workload.submit(engine)
         if writer is not None:
-            writer.set_header(engine.trace_header())
+            writer.set_header(engine.trace_header())  # a streamed run's requests: in their steps
         waste = WasteAccumulator()
         while engine.has_unfinished():  # the trace writer records each step: no snapshot copies
+            before = engine.step_index
             engine.step(snapshot=False)
-            waste.add_engine(engine)
+            for _ in range(engine.step_index - before):  # an idle stretch passes in one step
+                waste.add_engine(engine)
     finally:
         if writer is not None:
             writer.close()
@@ -127,6 +139,28 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         print(format_summary(out))
     return 0
+
+
+class _Listed:
+    """A streamed request that, when the engine submits it, is listed in that step of the trace."""
+
+    __slots__ = ("request", "writer")
+
+    def __init__(self, request, writer):
+        self.request = request
+        self.writer = writer
+
+    @property
+    def arrival_step(self) -> int:
+        return self.request.arrival_step
+
+    def submit(self, engine) -> None:
+        self.request.submit(engine)
+        self.writer.add_requests([self.request.trace_entry()])
+
+
+def _listed(requests, writer):
+    return (_Listed(r, writer) for r in requests)
 
 
 def format_summary(s: dict) -> str:

@@ -28,6 +28,11 @@ more than pays back base64's 4/3. Measured: explainer40 (2,048 slots) takes 1.3 
 paged and 0.5 KB contiguous (version 1: 27 and 18 KB); 5,000 steps of a 262,144-slot pool take
 34 MB (6.8 KB a step; version 1 took about 3 MB a step at that size).
 
+A run fed its requests as they arrive (a streamed request log, see
+:meth:`~pagedkv_core.engine.Engine.feed`) cannot list them in its header: each delta line then
+carries ``"requests": [...]``, the requests submitted in that step, and the loader appends them
+to the header's ``requests`` in order, so a reader sees one list either way.
+
 A trace without its end record (the writer never closed: the run died) still loads, up to its
 last whole line, and its header then says ``"truncated": true``.
 
@@ -93,6 +98,7 @@ class TraceWriter(Recorder):
         self._level = level
         self._file = self.path.open("w", encoding="utf-8")
         self._wrote_header = False
+        self._arrived: list[dict] = []  # requests submitted in the step being recorded (add_requests)
         if scalars is not None:
             self.start(scalars)
 
@@ -103,6 +109,11 @@ class TraceWriter(Recorder):
         if self._wrote_header:
             raise ValueError("the trace header is already written")
         self._header.update(header)
+
+    def add_requests(self, requests: list[dict]) -> None:
+        """Requests submitted in the step being recorded (header-style entries): written with
+        that step's delta line, for runs whose requests are not known up front."""
+        self._arrived.extend(requests)
 
     def _pack(self, record: bytes) -> str:
         return base64.b64encode(zlib.compress(record, self._level)).decode("ascii")
@@ -131,8 +142,11 @@ class TraceWriter(Recorder):
     def _keep(self, i: int, record: bytes, metrics: StepMetrics) -> None:
         self._write_header()
         step = self._head.step
-        self._line({"type": "delta", "step": step, "metrics": [getattr(metrics, n) for n in METRIC_FIELDS],
-                    "data": self._pack(record)})
+        line = {"type": "delta", "step": step, "metrics": [getattr(metrics, n) for n in METRIC_FIELDS],
+                "data": self._pack(record)}
+        if self._arrived:
+            line["requests"], self._arrived = self._arrived, []
+        self._line(line)
         if i % self.keyframe_every == 0:
             self._line({"type": "keyframe", "step": step, "data": self._pack(self._head.keyframe())})
 
@@ -398,6 +412,11 @@ class _Loader:
         if kind in ("delta", "keyframe") and (isinstance(step, bool) or not isinstance(step, int)):
             self.fail(number, "record step must be an integer")
         if kind == "delta":
+            arrived = obj.get("requests")
+            if arrived is not None:
+                if not isinstance(arrived, list) or not all(isinstance(r, dict) for r in arrived):
+                    raise ValueError("a step's requests must be a list of objects")
+                self.header.setdefault("requests", []).extend(arrived)
             record = self._data(obj)
             metrics = _metrics(self.metric_fields, obj.get("metrics"))
             if self.pending is not None:

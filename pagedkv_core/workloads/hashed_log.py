@@ -44,9 +44,11 @@ from ..safe_io import loads_json
 from ..sources.scripted import FIRST_TOKEN, VOCAB_SIZE, splitmix64
 from .scenarios import (
     DATA_DIR,
-    MAX_LOG_REQUESTS,
+    MAX_BUILT_LOG_REQUESTS,
     MAX_LOG_ROWS,
+    MAX_STREAMED_LOG_BYTES,
     LogOptions,
+    LogStream,
     Workload,
     WorkloadRequest,
     _check_total_tokens,
@@ -55,6 +57,7 @@ from .scenarios import (
     _row_problem,
     _log_description,
     select_window,
+    stream_log,
 )
 
 HASH_BLOCK = 512  # prompt tokens per hash id in the log
@@ -239,11 +242,11 @@ def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOp
                         description: str | None = None, limits: bool = True) -> Workload:
     """Requests from hashed-log rows under ``opt``; request ``r<line>``'s prompt is made from
     its hash ids (:func:`prompt_tokens`). ``limits``: the bounds of every workload file (at most
-    MAX_LOG_REQUESTS requests without a count, MAX_WORKLOAD_TOKENS prompt tokens); a trusted
+    MAX_BUILT_LOG_REQUESTS requests without a count, MAX_WORKLOAD_TOKENS prompt tokens); a trusted
     caller (a benchmark over the whole shipped log) may lift them with False."""
     block = hash_block_tokens(opt.length_scale)
     w = select_window(rows, file_name, opt, where="line", prompt_len=lambda r: scaled_prompt_len(r, block),
-                      limit=(MAX_LOG_REQUESTS if limits else None) if opt.count is None else opt.count)
+                      limit=(MAX_BUILT_LOG_REQUESTS if limits else None) if opt.count is None else opt.count)
     kept, steps = w.kept, w.steps
     problems = [_row_problem(prompt, max(answer, mt)) for _r, prompt, answer, mt in kept]
     if limits:
@@ -262,3 +265,41 @@ def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOp
                                          w.cap)
         description = description.replace(" rows ", " lines ", 1) + f"; hash blocks of {block} tokens"
     return Workload(name or file_name, description, tuple(reqs), opt.pool_slots, hash_block=block)
+
+
+# ---------------------------------------------------------------------------- streamed
+STREAM_RUN_CACHE = 2048  # token runs a streamed log keeps (conversation turns reuse recent ids)
+
+
+class _RecentRuns(dict):
+    """Token runs by hash id, the oldest dropped past :data:`STREAM_RUN_CACHE` (a streamed log
+    of any length holds a bounded cache; a dropped run is remade, the same tokens)."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if len(self) > STREAM_RUN_CACHE:
+            del self[next(iter(self))]
+
+
+def stream_hashed_log(path, seed: int = 0, **options) -> LogStream | None:
+    """A hashed log file as a :class:`~pagedkv_core.workloads.scenarios.LogStream` (the same
+    requests :func:`load_hashed_log` builds, read while the run goes); None when its lines are
+    not in time order."""
+    path = Path(path)
+    opt = hashed_log_options(**options)
+    block = hash_block_tokens(opt.length_scale)
+    runs = _RecentRuns()
+
+    def make(r: HashedLogRow, prompt: int, answer: int, mt: int, step: int) -> WorkloadRequest:
+        problem = _row_problem(prompt, max(answer, mt))
+        if problem is not None:
+            return WorkloadRequest(f"r{r.line}", (), 1, 1, arrival_step=step, reject_reason=problem)
+        return WorkloadRequest(f"r{r.line}", prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step)
+
+    stream = stream_log(lambda: hashed_log_rows(_open_log(path, MAX_STREAMED_LOG_BYTES), path.name, opt.start),
+                        path.name, opt, where="line", prompt_len=lambda r: scaled_prompt_len(r, block),
+                        make_request=make, hash_block=block, label="requests")
+    if stream is None:
+        return None
+    description = stream.description.replace(" rows ", " lines ", 1) + f"; hash blocks of {block} tokens"
+    return LogStream(stream.name, description, stream.num_requests, stream.pool_slots, block, stream.requests)

@@ -97,6 +97,24 @@ class WorkloadRequest:
             "n": self.n,
         }
 
+    def submit(self, engine) -> str:
+        """Add this request to ``engine`` (as a rejection when it has a ``reject_reason``);
+        returns the id it is kept under."""
+        if self.reject_reason is not None:
+            engine.add_rejected(self.id, self.reject_reason, arrival_step=self.arrival_step)
+            return self.id
+        return engine.add_request(self.id, list(self.prompt), SamplingParams(max_tokens=self.max_tokens, n=self.n),
+                                  arrival_step=self.arrival_step, output_len=self.output_len)
+
+    def trace_entry(self) -> dict:
+        """What a streamed run's trace lists for it, in the step it arrives: its lengths, not its
+        prompt's token ids (those of a request log are remade from the log and the seed)."""
+        entry = {"id": self.id, "prompt_len": len(self.prompt), "output_len": self.output_len,
+                 "max_tokens": self.max_tokens, "n": self.n, "arrival_step": self.arrival_step}
+        if self.reject_reason is not None:
+            entry["reject_reason"] = self.reject_reason
+        return entry
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -109,14 +127,7 @@ class Workload:
     def block_size_problem(self, config) -> str | None:
         """Why ``config`` (an EngineConfig) cannot run this workload with its sharing exact:
         a paged block size that does not divide a hashed log's blocks (None: it can)."""
-        if self.hash_block is None:
-            return None
-        from ..kv.registry import allocator_kind
-        from .hashed_log import block_size_problem
-
-        if allocator_kind(config.allocator) != "paged":
-            return None
-        return block_size_problem(self.hash_block, config.block_size)
+        return _block_size_problem(self.hash_block, config)
 
     def submit(self, engine) -> None:
         """Add every request to ``engine``; one with a ``reject_reason`` ends as rejected,
@@ -126,16 +137,39 @@ class Workload:
         if problem is not None:
             raise ConfigError(f"{self.name}: {problem}")
         for r in self.requests:
-            if r.reject_reason is not None:
-                engine.add_rejected(r.id, r.reject_reason, arrival_step=r.arrival_step)
-                continue
-            engine.add_request(
-                r.id,
-                list(r.prompt),
-                SamplingParams(max_tokens=r.max_tokens, n=r.n),
-                arrival_step=r.arrival_step,
-                output_len=r.output_len,
-            )
+            r.submit(engine)
+
+
+def _block_size_problem(hash_block: int | None, config) -> str | None:
+    if hash_block is None:
+        return None
+    from ..kv.registry import allocator_kind
+    from .hashed_log import block_size_problem
+
+    if allocator_kind(config.allocator) != "paged":
+        return None
+    return block_size_problem(hash_block, config.block_size)
+
+
+@dataclass(frozen=True)
+class LogStream:
+    """A request log read as the run goes (:func:`stream_workload_file`): the file was checked
+    whole before (every row, the arrival steps), and :meth:`requests` reads it again lazily,
+    one :class:`WorkloadRequest` at a time in arrival order, for
+    :meth:`~pagedkv_core.engine.Engine.feed`. Nothing but the row being read is held."""
+
+    name: str
+    description: str
+    num_requests: int
+    pool_slots: int
+    hash_block: int | None
+    _requests: object  # () -> Iterator[WorkloadRequest]
+
+    def block_size_problem(self, config) -> str | None:
+        return _block_size_problem(self.hash_block, config)
+
+    def requests(self) -> Iterator[WorkloadRequest]:
+        return self._requests()
 
 
 def _tokens(rng: np.random.Generator, n: int) -> tuple[int, ...]:
@@ -382,8 +416,10 @@ AZURE_SOURCE = (
     "Patel et al., Splitwise, ISCA 2024)"
 )
 LOG_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-MAX_LOG_REQUESTS = 5000  # requests one request-log workload may hold (each carries its prompt's token ids)
-MAX_LOG_ROWS = 1 << 20  # rows a request log may have up to the last one used
+MAX_LOG_REQUESTS = 1_000_000  # requests one request log may have (streamed: memory follows the requests alive)
+MAX_BUILT_LOG_REQUESTS = 5000  # requests a request log built whole in memory may hold without a count
+MAX_STREAMED_LOG_BYTES = 1 << 30  # a streamed request log's size (it is read twice, never held)
+MAX_LOG_ROWS = 1_000_000  # rows a request log may have up to the last one used (MAX_LOG_REQUESTS)
 DEFAULT_MAX_CONTEXT = 2048  # OPT-13B's, the model of the vLLM paper's Orca baselines
 DEFAULT_SECONDS_PER_STEP = 0.05  # one batched decode step of a 13B model on one GPU, roughly
 LOG_POOL_SLOTS = 65536  # suggested pool for a request-log workload
@@ -406,7 +442,7 @@ class LogOptions:
     ``max_tokens`` alike (each rounded, at least 1), so a replay keeps the log's shape.
 
     - ``start``, ``count``: skip ``start`` rows, then take ``count`` requests (None: the rest,
-      at most :data:`MAX_LOG_REQUESTS`).
+      at most :data:`MAX_LOG_REQUESTS` streamed, :data:`MAX_BUILT_LOG_REQUESTS` built whole).
     - ``seconds_per_step``: the log's seconds one engine step stands for; ``rate`` multiplies the
       arrival rate (2.0 = arrivals twice as dense). Request ``i`` arrives at step
       ``floor((t_i - t_first) * rate / seconds_per_step)``.
@@ -499,9 +535,10 @@ def _open_bytes(data: bytes, name: str) -> io.TextIOBase:
     return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
 
 
-def _open_log(path: Path) -> io.TextIOBase:
-    """The request log as a text stream, once it is known to be a regular file within the size cap."""
-    raw = open_capped(path, MAX_WORKLOAD_FILE_BYTES, "request log")
+def _open_log(path: Path, cap: int | None = None) -> io.TextIOBase:
+    """The request log as a text stream, once it is known to be a regular file within the size
+    cap (``cap``, default :data:`MAX_WORKLOAD_FILE_BYTES`)."""
+    raw = open_capped(path, MAX_WORKLOAD_FILE_BYTES if cap is None else cap, "request log")
     if path.name.lower().endswith(".gz"):
         return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8-sig", newline="")
     return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
@@ -578,14 +615,14 @@ def _csv_log_rows(stream: io.TextIOBase, name: str, start: int = 0) -> Iterator[
 
 def read_log_rows(path, start: int = 0, count: int | None = None) -> list[LogRow]:
     """Rows of a CSV request log after the first ``start``: ``count`` of them (None: all, at most
-    :data:`MAX_LOG_REQUESTS`). For callers that need the lengths themselves (the real-model
+    :data:`MAX_BUILT_LOG_REQUESTS`). For callers that need the lengths themselves (the real-model
     replay of :mod:`pagedkv_core.workloads.log_prompts`)."""
     path = Path(path)
     rows: list[LogRow] = []
-    limit = MAX_LOG_REQUESTS if count is None else count
+    limit = MAX_BUILT_LOG_REQUESTS if count is None else count
     for r in _csv_log_rows(_open_log(path), path.name, start):
         if len(rows) == limit:  # only without a count
-            raise ConfigError(f"{path.name}: more than {MAX_LOG_REQUESTS:,} rows after row {start:,}: give a row count")
+            raise ConfigError(f"{path.name}: more than {MAX_BUILT_LOG_REQUESTS:,} rows after row {start:,}: give a row count")
         rows.append(r)
         if len(rows) == count:
             break
@@ -636,16 +673,11 @@ def select_window(rows: Iterable, file_name: str, opt: LogOptions, *, where: str
             raise ConfigError(f"{file_name}: more than {limit:,} requests after {after} {opt.start:,}: "
                               f"give a count of at most {limit:,}")
         last = getattr(r, where)
-        prompt, answer = prompt_len(r), opt.scaled(r.answer_len)
-        if mode == "context":
-            if prompt + answer > context:
-                left_out += 1
-                continue
-            kept.append((r, prompt, answer, context - prompt))
-        elif mode == "answer":
-            kept.append((r, prompt, answer, answer))
-        else:
-            kept.append((r, prompt, min(answer, cap), cap))
+        one = _kept(r, prompt_len(r), opt.scaled(r.answer_len), mode, context, cap)
+        if one is None:
+            left_out += 1
+            continue
+        kept.append(one)
         if len(kept) == opt.count:
             break  # the rows after the window are never read
     if not kept:
@@ -663,21 +695,113 @@ def select_window(rows: Iterable, file_name: str, opt: LogOptions, *, where: str
     return LogWindow(kept, steps, left_out, last, context, cap)
 
 
+def _kept(r, prompt: int, answer: int, mode, context: int, cap: int | None) -> tuple | None:
+    """(row, prompt, answer, max_tokens) of a request-log row under ``max_tokens`` mode ``mode``;
+    None: left out (longer than the context, in "context" mode)."""
+    if mode == "context":
+        return None if prompt + answer > context else (r, prompt, answer, context - prompt)
+    if mode == "answer":
+        return (r, prompt, answer, answer)
+    return (r, prompt, min(answer, cap), cap)
+
+
+# ---------------------------------------------------------------------------- streamed request logs
+def stream_log(open_rows, file_name: str, opt: LogOptions, *, where: str, prompt_len, make_request,
+               hash_block: int | None = None, label: str = "rows") -> LogStream | None:
+    """A request log as a :class:`LogStream`: one pass checks every row of the window (values,
+    arrival steps, at most :data:`MAX_LOG_REQUESTS` requests) holding nothing, and finds the
+    first arrival; the stream then reads the file again as the engine pulls. ``open_rows()``
+    opens the rows afresh; ``make_request(row, prompt, answer, max_tokens, step)`` builds one
+    request (a row over a request-level bound is its rejection). Returns None when the rows are
+    not in time order (the caller then builds the log whole, as before)."""
+    mode = opt.max_tokens
+    context = opt.scaled(opt.max_context)
+    cap = opt.scaled(mode) if isinstance(mode, int) else None
+    after = "row" if where == "row" else "request"
+    n = left_out = 0
+    first = last = None
+    t0 = prev = None
+    per_step = opt.seconds_per_step / opt.rate
+    for r in open_rows():
+        if n == MAX_LOG_REQUESTS and opt.count is None:
+            raise ConfigError(f"{file_name}: more than {MAX_LOG_REQUESTS:,} requests after {after} {opt.start:,}: "
+                              f"give a count of at most {MAX_LOG_REQUESTS:,}")
+        last = getattr(r, where)
+        if _kept(r, prompt_len(r), opt.scaled(r.answer_len), mode, context, cap) is None:
+            left_out += 1
+            continue
+        if prev is not None and r.time_s < prev:
+            return None
+        if t0 is None:
+            t0, first = r.time_s, last
+        prev = r.time_s
+        at = (r.time_s - t0) / per_step
+        if not at <= MAX_ARRIVAL_STEP:
+            raise ConfigError(f"{file_name} {where} {last}: arrives at step {at:,.0f}, beyond "
+                              f"{MAX_ARRIVAL_STEP:,}; use more seconds per step or fewer {label}")
+        n += 1
+        if n == opt.count:
+            break
+    if not n:
+        why = f" ({left_out:,} left out: longer than the {context:,}-token context)" if left_out else ""
+        raise ConfigError(f"{file_name}: no requests after {after} {opt.start:,}{why}")
+
+    def requests() -> Iterator[WorkloadRequest]:
+        taken = 0
+        for r in open_rows():
+            one = _kept(r, prompt_len(r), opt.scaled(r.answer_len), mode, context, cap)
+            if one is None:
+                continue
+            _r, prompt, answer, max_tokens = one
+            yield make_request(r, prompt, answer, max_tokens, int((r.time_s - t0) / per_step))
+            taken += 1
+            if taken == n:
+                return
+
+    description = _log_description(file_name, opt, n, first, last, left_out, context, cap)
+    return LogStream(file_name, description, n, opt.pool_slots, hash_block, requests)
+
+
+def _csv_request(seed: int):
+    def make(r: LogRow, prompt: int, answer: int, max_tokens: int, step: int) -> WorkloadRequest:
+        problem = _row_problem(prompt, max(answer, max_tokens))
+        if problem is not None:
+            return WorkloadRequest(f"r{r.row}", (), 1, 1, arrival_step=step, reject_reason=problem)
+        rng = np.random.default_rng([seed, r.row])
+        return WorkloadRequest(f"r{r.row}", _tokens(rng, prompt), answer, max_tokens, arrival_step=step)
+    return make
+
+
+def stream_workload_file(path, seed: int = 0, **options) -> LogStream | Workload:
+    """A workload file for a run that streams: a request log (``.csv``, ``.jsonl``, gzipped
+    too) as a :class:`LogStream` of up to :data:`MAX_LOG_REQUESTS` requests, read while the run
+    goes, with the same requests :func:`load_workload_file` builds; a JSON workload, or a log
+    whose rows are not in time order (at most :data:`MAX_BUILT_LOG_REQUESTS` then), as a whole
+    :class:`Workload`. Raises ConfigError."""
+    path = Path(path)
+    if _is_hashed_log_name(path.name):
+        from .hashed_log import stream_hashed_log
+
+        return stream_hashed_log(path, seed, **options) or load_workload_file(path, seed, **options)
+    if not _is_csv_log_name(path.name):
+        return load_workload_file(path, seed, **options)
+    opt = LogOptions.of(**options)
+    stream = stream_log(lambda: _csv_log_rows(_open_log(path, MAX_STREAMED_LOG_BYTES), path.name, opt.start),
+                        path.name, opt, where="row", prompt_len=lambda r: opt.scaled(r.prompt_len),
+                        make_request=_csv_request(seed))
+    return stream if stream is not None else request_log_workload(path, seed, opt)
+
+
 def _log_from_rows(rows: Iterable[LogRow], file_name: str, seed: int, opt: LogOptions, *,
                      name: str | None = None, description: str | None = None) -> Workload:
     w = select_window(rows, file_name, opt, where="row", prompt_len=lambda r: opt.scaled(r.prompt_len),
-                      limit=MAX_LOG_REQUESTS if opt.count is None else opt.count)
+                      limit=MAX_BUILT_LOG_REQUESTS if opt.count is None else opt.count)
     kept, steps = w.kept, w.steps
     problems = [_row_problem(prompt, max(answer, max_tokens)) for _r, prompt, answer, max_tokens in kept]
     _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
                         "use fewer rows (count) or a length_scale below 1")
-    reqs = []
-    for (r, prompt, answer, max_tokens), step, problem in zip(kept, steps, problems):
-        if problem is not None:
-            reqs.append(WorkloadRequest(f"r{r.row}", (), 1, 1, arrival_step=step, reject_reason=problem))
-            continue
-        rng = np.random.default_rng([seed, r.row])
-        reqs.append(WorkloadRequest(f"r{r.row}", _tokens(rng, prompt), answer, max_tokens, arrival_step=step))
+    make = _csv_request(seed)
+    reqs = [make(r, prompt, answer, max_tokens, step) for (r, prompt, answer, max_tokens), step in zip(kept, steps)]
     if description is None:
         description = _log_description(file_name, opt, len(kept), kept[0][0].row, w.last, w.left_out, w.context, w.cap)
     return Workload(name or file_name, description, tuple(reqs), opt.pool_slots)

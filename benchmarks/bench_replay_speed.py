@@ -1,0 +1,181 @@
+"""Replay speed: whole request logs through ``simulate --trace-out``, this engine beside an older one.
+
+Each case is ``python -m pagedkv_core simulate --workload-file LOG --pool-slots 262144
+--allocator A --trace-out TMP --json`` in its own child process (so its peak RSS, read from the
+kernel's accounting of that child, is its own):
+
+- the Azure conversation log whole (``data/azure_conv_2023.csv``, 19,366 rows; with the CLI's
+  defaults, a 2,048-token context, 16,528 of them fit and run, the rest are left out as the
+  CLI says);
+- the Mooncake conversation log whole (``data/mooncake_fast25/conversation_trace.jsonl``,
+  12,031 requests; ``--length-scale`` 1/16, block size 32, as the CLI's own example);
+
+each paged (block size 16, or 32 for Mooncake) and Orca (Max) (``--allocator contiguous``),
+recording on. Figures: wall time of the whole command (reading and checking the log included),
+peak RSS, the trace's size, and steps/s while sequences run: the steps in which anything waits,
+runs or is swapped (read back from the trace's metrics), over the wall time (so idle steps and
+start-up count against it: a lower bound).
+
+``--baseline`` (default: commit 9fbef5e, the last before streaming and idle skipping, checked
+out with ``git worktree add``) runs the same cases with that commit's engine in the same
+session. It refuses a log of more than 5,000 requests, so there it runs the first 5,000
+(``--trace-count 5000``), and this engine runs those same 5,000 too, for a like-for-like row.
+
+    python -m benchmarks replay-speed [--quick]
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "pagedkv_core" / "data"
+POOL = 262_144
+BASELINE_COMMIT = "9fbef5e"
+BASELINE_DIR = Path(tempfile.gettempdir()) / f"base-{BASELINE_COMMIT}"
+BASELINE_LIMIT = 5000  # requests the old engine takes from a log
+LOGS = {
+    "azure-conv": (DATA / "azure_conv_2023.csv", []),
+    "mooncake-conv": (DATA / "mooncake_fast25" / "conversation_trace.jsonl", ["--length-scale", "1/16"]),
+}
+ALLOCATORS = {"paged": [], "orca-max": ["--allocator", "contiguous"]}
+TARGETS = {"wall_s": 30.0, "peak_rss_mb": 400.0, "trace_mb": 150.0, "busy_steps_per_s": 5000.0}
+
+
+def _baseline_root(commit: str = BASELINE_COMMIT) -> Path | None:
+    """A worktree of ``commit`` (made once); None where git cannot make one."""
+    if (BASELINE_DIR / "pagedkv_core").is_dir():
+        return BASELINE_DIR
+    done = subprocess.run(["git", "worktree", "add", "--detach", str(BASELINE_DIR), commit], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    return BASELINE_DIR if done.returncode == 0 else None
+
+
+def _busy_steps(trace: Path) -> tuple[int, int]:
+    """(steps, steps in which anything waited, ran or was swapped) from a trace's metric lists."""
+    names = None
+    steps = busy = 0
+    with trace.open(encoding="utf-8") as f:
+        for line in f:
+            head = line[:4096]
+            if '"type":"header"' in head:
+                obj = json.loads(line)
+                names = obj["metric_fields"]
+                at = [names.index(n) for n in ("num_running", "num_waiting", "num_swapped", "step_tokens")]
+                continue
+            if not head.startswith('{"type":"delta"'):
+                continue
+            i = line.index('"metrics":[') + len('"metrics":[')
+            values = line[i:line.index("]", i)].split(",")
+            steps += 1
+            busy += any(float(values[j]) for j in at)
+    return steps, busy
+
+
+def case(root: Path, log: str, allocator: str, count: int | None, quick: bool) -> dict:
+    """One ``simulate`` run in a child process under ``root``'s engine."""
+    path, extra = LOGS[log]
+    if log == "mooncake-conv" and allocator == "paged":
+        extra = [*extra, "--block-size", "32"]
+    if quick:
+        count = min(count or 300, 300)
+    with tempfile.TemporaryDirectory() as d:
+        trace = Path(d) / "run.jsonl"
+        cmd = [sys.executable, "-m", "pagedkv_core", "simulate", "--workload-file", str(path), "--pool-slots", str(POOL),
+               *ALLOCATORS[allocator], *extra, "--trace-out", str(trace), "--json"]
+        if count is not None:
+            cmd += ["--trace-count", str(count)]  # the old engine's spelling; the new one takes it as an alias
+        env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+        t0 = time.perf_counter()
+        child = _Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = child.communicate()
+        wall = time.perf_counter() - t0
+        if child.returncode != 0:
+            raise RuntimeError(f"{log} {allocator} under {root}: {err.strip().splitlines()[-1:] or child.returncode}")
+        summary = json.loads(out.strip().splitlines()[-1])
+        steps, busy = _busy_steps(trace)
+        size = trace.stat().st_size
+    return {"log": log, "allocator": allocator, "count": count, "requests": summary["requests"],
+            "finished": summary["finished"], "rejected": len(summary["rejected"]), "steps": summary["steps"],
+            "trace_steps": steps, "busy_steps": busy, "wall_s": round(wall, 2),
+            "peak_rss_mb": round(child.peak_rss_kb / 1024, 1),
+            "trace_mb": round(size / 1e6, 1), "busy_steps_per_s": round(busy / wall, 1),
+            "trace_kb_per_step": round(size / 1e3 / max(steps, 1), 2)}
+
+
+class _Popen(subprocess.Popen):
+    """Popen that keeps the child's resource usage (its peak RSS) when it is reaped."""
+
+    peak_rss_kb = 0
+
+    def _try_wait(self, wait_flags):
+        try:
+            pid, status, usage = os.wait4(self.pid, wait_flags)
+        except ChildProcessError:
+            return self.pid, 0
+        if pid:
+            self.peak_rss_kb = usage.ru_maxrss
+        return pid, status
+
+
+def run(quick: bool = False, baseline: bool = True) -> dict:
+    rows = []
+    base = _baseline_root() if baseline else None
+    errors = []
+    for log in LOGS:
+        for allocator in ALLOCATORS:
+            plan = [("this", ROOT, None)]
+            if base is not None:
+                plan += [("this", ROOT, BASELINE_LIMIT), (BASELINE_COMMIT, base, BASELINE_LIMIT)]
+            for engine, root, count in plan:
+                try:
+                    rows.append({"engine": engine, **case(root, log, allocator, count, quick)})
+                    print(json.dumps(rows[-1]), flush=True)
+                except RuntimeError as exc:  # one case failing must not lose the others
+                    errors.append(f"{engine}: {exc}")
+                    print(f"error: {errors[-1]}", flush=True)
+    targets = []
+    if not quick:
+        for r in rows:
+            if r["engine"] != "this" or r["log"] != "azure-conv" or r["count"] is not None:
+                continue
+            a = r["allocator"]
+            targets += [
+                {"name": f"whole Azure conv at 262,144 slots with --trace-out, {a}: wall time (s)", "value": r["wall_s"],
+                 "target": f"<= {TARGETS['wall_s']:.0f}", "pass": r["wall_s"] <= TARGETS["wall_s"]},
+                {"name": f"whole Azure conv, {a}: peak RSS (MB)", "value": r["peak_rss_mb"],
+                 "target": f"<= {TARGETS['peak_rss_mb']:.0f}", "pass": r["peak_rss_mb"] <= TARGETS["peak_rss_mb"]},
+                {"name": f"whole Azure conv, {a}: trace (MB)", "value": r["trace_mb"],
+                 "target": f"<= {TARGETS['trace_mb']:.0f}", "pass": r["trace_mb"] <= TARGETS["trace_mb"]},
+                {"name": f"whole Azure conv, {a}: steps/s while sequences run", "value": r["busy_steps_per_s"],
+                 "target": f">= {TARGETS['busy_steps_per_s']:,.0f}",
+                 "pass": r["busy_steps_per_s"] >= TARGETS["busy_steps_per_s"]},
+            ]
+    return {"pool_slots": POOL, "baseline": BASELINE_COMMIT if base is not None else None,
+            "baseline_limit": BASELINE_LIMIT, "load_average": list(os.getloadavg()), "rows": rows, "errors": errors,
+            "targets": targets}
+
+
+COLUMNS = ["engine", "log", "allocator", "count", "requests", "steps", "busy_steps", "wall_s", "peak_rss_mb", "trace_mb",
+           "busy_steps_per_s", "trace_kb_per_step"]
+
+
+def print_result(result: dict) -> None:
+    from benchmarks.common import print_table
+
+    print_table([{c: ("whole" if c == "count" and r.get(c) is None else r.get(c, "-")) for c in COLUMNS}
+                 for r in result["rows"]], COLUMNS)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common import write_result
+
+    res = run("--quick" in sys.argv, baseline="--no-baseline" not in sys.argv)
+    print_result(res)
+    print("wrote", write_result("replay-speed", {"command": "python -m benchmarks replay-speed", **res}))

@@ -1,0 +1,181 @@
+"""Whole request logs, streamed (Engine.feed), and idle stretches passed in one step (skip_idle)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from pagedkv_core.cli import main
+from pagedkv_core.config import ConfigError, EngineConfig
+from pagedkv_core.engine import Engine
+from pagedkv_core.record.recording import Recording
+from pagedkv_core.record.trace_file import load_recording
+from pagedkv_core.sources.scripted import ScriptedSource
+from pagedkv_core.workloads.scenarios import (
+    MAX_LOG_REQUESTS,
+    LogStream,
+    load_workload_file,
+    stream_workload_file,
+)
+
+from tests.engine_helpers import add
+
+
+def _csv(path, rows: int, every_s: float = 0.01, prompt: int = 4, answer: int = 2):
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    + "".join(f"{i * every_s:.2f},{prompt + i % 3},{answer + i % 2}\n" for i in range(rows)))
+    return path
+
+
+# ---------------------------------------------------------------------------- streaming
+def test_a_200000_row_log_streams_with_a_bounded_number_of_live_requests(tmp_path):
+    path = _csv(tmp_path / "big.csv", 200_000)
+    stream = stream_workload_file(path, seconds_per_step=1.0, max_tokens="answer", pool_slots=8192)
+    assert isinstance(stream, LogStream) and stream.num_requests == 200_000
+    engine = Engine(EngineConfig(pool_slots=8192, block_size=16), ScriptedSource(), snapshots=False, skip_idle=True)
+    engine.feed(stream.requests())
+    most_requests = most_seqs = finished = steps = 0
+    while engine.has_unfinished():
+        outputs, _ = engine.step(snapshot=False)
+        finished += sum(o.finished for o in outputs)
+        most_requests = max(most_requests, len(engine.requests))
+        most_seqs = max(most_seqs, len(engine.scheduler.seqs))
+        steps += 1
+        assert steps <= 10_000
+    # 100 requests arrive a step and each lives 3 or 4 steps: a few hundred alive, never the log.
+    assert most_requests <= 600 and most_seqs <= 600
+    assert finished == 200_000
+    summary = engine.summary()
+    assert summary.requests == summary.finished == 200_000 and not summary.rejected
+    assert not engine.requests and not engine.scheduler.seqs
+
+
+def test_a_streamed_log_feeds_the_requests_the_built_one_adds(tmp_path):
+    path = _csv(tmp_path / "log.csv", 300, every_s=0.3)
+    built = load_workload_file(path, count=300, max_tokens="answer")
+    streamed = stream_workload_file(path, max_tokens="answer")
+    assert list(streamed.requests()) == list(built.requests)
+    assert streamed.description == built.description
+
+    def run(feed: bool) -> tuple:
+        engine = Engine(EngineConfig(pool_slots=2048), ScriptedSource(), recording=Recording())
+        if feed:
+            engine.feed(streamed.requests())
+        else:
+            built.submit(engine)
+        tokens = {}
+        while engine.has_unfinished():
+            for out in engine.step(snapshot=False)[0]:
+                tokens.setdefault(out.request_id, []).extend(out.outputs[0].new_token_ids)
+            engine.check_invariants()
+        rec = engine.recording
+        summary = {k: v for k, v in engine.summary().to_json().items() if "execute" not in k}
+        return tokens, [dataclasses.replace(rec.metrics(s), execute_s=0.0) for s in rec.steps], summary
+
+    assert run(True) == run(False)
+
+
+def test_the_cap_stays_with_its_message(tmp_path, monkeypatch):
+    from pagedkv_core.workloads import scenarios
+
+    monkeypatch.setattr(scenarios, "MAX_LOG_REQUESTS", 10)
+    path = _csv(tmp_path / "log.csv", 11)
+    with pytest.raises(ConfigError, match="more than 10 requests after row 0: give a count of at most 10"):
+        stream_workload_file(path)
+    assert stream_workload_file(path, count=10).num_requests == 10
+    assert MAX_LOG_REQUESTS == 1_000_000
+
+
+def test_a_log_out_of_time_order_is_built_whole(tmp_path):
+    path = tmp_path / "shuffled.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n5,10,3\n1,10,3\n3,10,3\n")
+    workload = stream_workload_file(path)
+    assert not isinstance(workload, LogStream)
+    assert [r.arrival_step for r in workload.requests] == [80, 0, 40]
+
+
+def test_feed_refuses_belady_and_out_of_order_feeds():
+    engine = Engine(EngineConfig(eviction="belady"), ScriptedSource())
+    with pytest.raises(ValueError, match="Belady"):
+        engine.feed([])
+
+    @dataclasses.dataclass
+    class Item:
+        arrival_step: int
+
+        def submit(self, engine):
+            engine.add_request(f"r{self.arrival_step}", [5, 6, 7], arrival_step=self.arrival_step, output_len=1)
+
+    engine = Engine(EngineConfig(), ScriptedSource())
+    engine.feed([Item(0), Item(3), Item(1)])
+    with pytest.raises(ValueError, match="out of arrival order"):
+        while engine.has_unfinished():
+            engine.step(snapshot=False)
+
+
+def test_a_streamed_runs_trace_lists_its_requests_in_their_steps_and_replays(tmp_path, capsys):
+    path = _csv(tmp_path / "log.csv", 40, every_s=0.5)
+    trace = tmp_path / "run.jsonl"
+    assert main(["simulate", "--workload-file", str(path), "--pool-slots", "4096", "--trace-out", str(trace),
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["requests"] == summary["finished"] == 40
+    header, rec = load_recording(trace)
+    ids = [r["id"] for r in header["requests"]]
+    assert ids == [f"r{i}" for i in range(1, 41)]
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert "requests" not in lines[0] or lines[0]["requests"] == []
+    listed = {r["id"]: line["step"] for line in lines if line["type"] == "delta" for r in line.get("requests", ())}
+    assert all(listed[r["id"]] == r["arrival_step"] for r in header["requests"])
+    assert rec.num_steps == summary["steps"]
+    assert main(["replay", str(trace), "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["step"] == rec.last_step
+
+
+# ---------------------------------------------------------------------------- idle stretches
+def _gapped(skip: bool) -> tuple[Engine, int]:
+    engine = Engine(EngineConfig(pool_slots=512, block_size=4), ScriptedSource(), recording=Recording(), skip_idle=skip)
+    add(engine, "a", [5, 6, 7, 8], output_len=3, arrival_step=0)
+    add(engine, "b", [9, 10, 11], output_len=2, arrival_step=50)
+    add(engine, "c", [12, 13], output_len=4, arrival_step=51)
+    add(engine, "d", [14, 15, 16], output_len=2, arrival_step=200)
+    calls = 0
+    while engine.has_unfinished():
+        engine.step(snapshot=False)
+        engine.check_invariants()
+        calls += 1
+    return engine, calls
+
+
+def test_idle_stretches_pass_in_one_step_and_the_recording_says_so():
+    plain, plain_calls = _gapped(False)
+    skipping, calls = _gapped(True)
+    # a: steps 0-2 (prefill + 2 decodes), idle 3-49; b and c: 50-54, idle 55-199; d: 200-201.
+    assert plain_calls == plain.step_index == skipping.step_index == 202
+    assert calls == 202 - 46 - 144 == 12
+    a, b = plain.recording, skipping.recording
+    assert list(a.steps) == list(b.steps) == list(range(202))
+    skipped = {s: b.metrics(s).idle_skipped for s in b.steps if b.metrics(s).idle_skipped}
+    assert skipped == {3: 46, 55: 144}
+    for s in a.steps:
+        ma, mb = (dataclasses.replace(r.metrics(s), execute_s=0.0) for r in (a, b))
+        assert dataclasses.replace(mb, idle_skipped=0) == ma
+        if s not in skipped:
+            assert mb == ma
+        assert b.at(s).events == a.at(s).events
+    timeless = [{k: v for k, v in e.summary().to_json().items() if "execute" not in k} for e in (plain, skipping)]
+    assert timeless[0] == timeless[1]
+
+
+def test_without_a_recording_an_idle_stretch_costs_one_step():
+    engine = Engine(EngineConfig(pool_slots=512, block_size=4), ScriptedSource(), snapshots=False, skip_idle=True)
+    add(engine, "a", [5, 6], output_len=1, arrival_step=0)
+    add(engine, "b", [7, 8], output_len=1, arrival_step=900_000)
+    calls = 0
+    while engine.has_unfinished():
+        engine.step(snapshot=False)
+        calls += 1
+    assert calls == 3 and engine.step_index == 900_001
+    assert engine.summary().steps == 900_001

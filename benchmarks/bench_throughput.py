@@ -275,6 +275,17 @@ def cpu_description() -> str:
     return f"{cpu_model()}, {os.cpu_count()} cores, " + " ".join(f for f in ISA_FLAGS if f in flags)
 
 
+def _stop_on_sigterm() -> None:
+    import signal
+    import threading
+
+    def stop(_sig, _frame):
+        raise SystemExit(143)
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, stop)
+
+
 def _load() -> float | None:
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
@@ -303,6 +314,7 @@ def vllm_workload(llm, max_new_tokens: int = 64, reps: int = VLLM_REPS, threads=
     engine_cfg = {"block_size": VLLM_BLOCK_SIZE, "pool_slots": VLLM_SECTION_POOL}
     saved_threads = torch.get_num_threads()
     by_threads = {}
+    _stop_on_sigterm()  # a SIGTERM (timeout, CI) unwinds through the finally blocks that stop vLLM
     try:
         for n in threads:
             torch.set_num_threads(n)

@@ -102,6 +102,13 @@ function target(c, m) {
   return { data, layout: Object.assign({}, c.keyframe.layout, m.layout || {}) };
 }
 
+// Titles in bold, as Streamlit's own Plotly theme draws them.
+function bold(layout) {
+  const t = layout && layout.title;
+  if (!t || typeof t.text !== "string" || !t.text || t.text.startsWith("<b>")) return layout;
+  return Object.assign({}, layout, { title: Object.assign({}, t, { text: "<b>" + t.text + "</b>" }) });
+}
+
 async function draw(c) {
   while (c.next) {
     const m = c.next;
@@ -124,9 +131,9 @@ async function draw(c) {
         const update = {};
         for (const a of attrs) update[a] = idx.map((i) => m.grow[i][a] || []);
         if (idx.length) Plotly.extendTraces(c.div, update, idx);
-        if (m.relayout && Object.keys(m.relayout).length) await Plotly.relayout(c.div, m.relayout);
+        if (m.relayout && Object.keys(m.relayout).length) await Plotly.relayout(c.div, bold(m.relayout));
       } else {
-        await Plotly.react(c.div, fig.data, fig.layout, m.config || {});
+        await Plotly.react(c.div, fig.data, bold(fig.layout), m.config || {});
       }
       c.drawn = true;
       c.rev = m.rev;

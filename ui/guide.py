@@ -12,6 +12,9 @@ answered, typically the step where the run answers it.
         step = guide.nav(KEY, steps)      # draws the narration, the prediction and the buttons
         draw(**step.show)
 
+A lesson page does not write this itself: :func:`ui.lesson.page` does, around the lesson's
+:class:`~ui.lesson.Lesson`.
+
 A link can open a guide at a given step: ``?guide=on&guide_step=3`` (1-based); ``?present=on``
 opens it in presenter mode (:mod:`ui.presenter`).
 """

@@ -8,9 +8,12 @@ Every number on the page is measured from the four runs (scripted tokens, so the
 exact); only :data:`PAPER_TOKEN_SHARE` is quoted."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import plotly.graph_objects as go
 import streamlit as st
 
+from pagedkv_core.config import ConfigError
 from pagedkv_core.kv.registry import CONTIGUOUS_POLICIES
 from pagedkv_core.record.waste import CLASSES
 from pagedkv_core.workloads.scenarios import Workload
@@ -18,6 +21,7 @@ from ui import export, guide, pool_view, predict, presenter, settings
 from ui.predict import Prediction
 from ui.figures import step_curves
 from ui.pool_cells import LEGEND, snapshot_heatmap
+from ui.lesson import Export, Lesson
 from ui.runs.model import BASELINE_LABELS, RESERVES, Run
 from ui.runs.scripted import named_workload, scripted_runs
 from ui.runs.session import report_stops
@@ -342,12 +346,8 @@ def slide(runs: list[Run], show: dict) -> None:
         presenter.slide(fig, KEY, height=CHART_SLIDE_HEIGHT)
 
 
-def show_guide(runs: list[Run], workload: Workload) -> None:
-    """Guide mode: narration, prediction and buttons, the step's chart, then the four pools."""
-    show = guide.nav(KEY, guide_steps(runs, workload)).show
-    if presenter.on(KEY):
-        slide(runs, show)
-        return
+def guide_view(runs: list[Run], show: dict) -> None:
+    """Guide mode: the step's chart, then the four pools."""
     fig = step_figure(runs, show)
     if fig is not None:
         show_chart(fig, f"{KEY}_guide_figure", config=export.png_config(f"{KEY}-guide"))
@@ -386,6 +386,40 @@ def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool)
     st.caption(f"Quoted: {PAPER}. The breakdown's classes: " + "; ".join(CLASS_WORDS.values()) + ".")
 
 
-def download(runs: list[Run]) -> None:
-    export.download_animation(runs, KEY, "Real traffic: Azure's requests on Orca Max, Pow2, Oracle and paged blocks",
-                              "baselines")
+# ---------------------------------------------------------------------------- the page
+@dataclass(frozen=True)
+class Baselines:
+    """What the page draws: the four runs of ``workload`` under ``config``; ``is_default``: the
+    page's default requests (always in guide mode)."""
+    runs: list[Run]
+    workload: Workload
+    config: dict
+    is_default: bool
+
+
+def scenario(guided: bool) -> Baselines:
+    """The guide's fixed runs, or the sidebar's workload (or the default requests) on the four allocators."""
+    try:
+        if guided:
+            with st.spinner("Running 200 Azure requests on four allocators…"):
+                runs, workload, config = guided_runs()
+            return Baselines(runs, workload, config, True)
+        workload, is_default = workload_choice()
+        config = config_for(workload)
+        with st.spinner(f"Running {len(workload.requests):,} requests on four allocators…"):
+            runs = baseline_runs(workload, **config)
+    except ConfigError as exc:
+        st.error(str(exc))
+        st.stop()
+    return Baselines(runs, workload, config, is_default)
+
+
+def export_files(b: Baselines) -> Export:
+    return Export(b.runs, "Real traffic: Azure's requests on Orca Max, Pow2, Oracle and paged blocks", "baselines")
+
+
+LESSON = Lesson(
+    key=KEY, title="Real traffic: the paper's baselines", help=GUIDE_HELP, scenario=scenario,
+    guide_steps=lambda b: guide_steps(b.runs, b.workload), guide_view=lambda b, show: guide_view(b.runs, show),
+    slide=lambda b, show: slide(b.runs, show), explore=lambda b: explore(b.runs, b.workload, b.config, b.is_default),
+    export=export_files, sidebar_note=lambda b: settings_note(b.workload, b.config, b.is_default))

@@ -17,6 +17,7 @@ from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.workloads.scenarios import Workload, WorkloadRequest, parse_workload
 from ui import export, presenter, settings
 from ui.guide import GuideStep
+from ui.lesson import Lesson
 from ui.predict import Prediction, range_options
 from ui.lesson_figures import lines
 from ui.models import loaded_model, model_kv_shape
@@ -404,3 +405,71 @@ def slide(points: list[SweepPoint], all_presets: dict[str, Preset], show: dict, 
     if which in show.get("hide", ()):
         conceal(fig)
     presenter.slide(fig, KEY)
+
+
+# ---------------------------------------------------------------------------- the page
+@dataclass(frozen=True)
+class Sweep:
+    """What the page draws: the sweep of ``workload`` under ``config``, and the calculator's presets."""
+    config: EngineConfig
+    workload: Workload
+    seed: int
+    points: list[SweepPoint]
+    presets: dict[str, Preset]
+
+
+def scenario(guided: bool) -> Sweep:
+    """The sweep: the engine's defaults on short chat turns in guide mode, else the sidebar's settings."""
+    all_presets = presets()
+    config, workload, seed = sweep_settings(guided)
+    with st.spinner(f"Running the workload at {len(BLOCK_SIZES)} block sizes…"):
+        points = sweep(config, workload, seed)
+    return Sweep(config, workload, seed, points, all_presets)
+
+
+def lesson_steps(s: Sweep) -> list[GuideStep]:
+    return guide_steps(s.points, s.presets)
+
+
+def lesson_slide(s: Sweep, show: dict) -> None:
+    slide(s.points, s.presets, show, s.workload.name)
+
+
+def guide_view(s: Sweep, show: dict) -> None:
+    """A guide step: the sweep with the step's block size marked (charts it asks about hidden), and
+    the calculator on the step's preset."""
+    highlight = int(show["block_size"])
+    fixed = s.presets.get(show["preset"]) or next(iter(s.presets.values()))
+    draw(s, highlight, fixed, show.get("hide", ()), guided=True)
+
+
+def explore(s: Sweep) -> None:
+    """Free play: the sidebar's block size marked, the calculator's model picked here."""
+    draw(s, int(s.config.block_size), None, (), guided=False)
+
+
+def draw(s: Sweep, highlight: int, fixed: Preset | None, hidden, *, guided: bool) -> None:
+    """The sweep's charts with ``highlight`` marked, and the pool calculator at that block size."""
+    config, workload = s.config, s.workload
+    st.header(f"One workload, {len(BLOCK_SIZES)} block sizes")
+    if guided:
+        st.caption(f"Guide mode: {SHORT_CHAT_REQUESTS} short chat turns, a {config.pool_slots:,}-slot pool, the "
+                   "engine's default settings, whatever the sidebar says.")
+    else:
+        st.caption(f"Workload: {workload.name} ({len(workload.requests)} requests). Other settings from the sidebar "
+                   f"({config.pool_slots:,} slots, watermark {config.watermark:.0%}, {config.preemption}). The dotted "
+                   f"line marks the sidebar's block size, {config.block_size}.")
+    sweep_charts(s.points, highlight, workload.name, hidden)
+    st.caption("Token utilization and waste are averaged over the steps in which anything was allocated. The prefix "
+               f"chart runs a separate small workload: {len(preamble_workload().requests)} requests sharing a "
+               f"{PREAMBLE_TOKENS}-token preamble, each with "
+               "its own question; it counts the tokens each later request took from the prefix cache.")
+
+    st.header("Pool calculator")
+    st.markdown("How many blocks fit, and how many sequences run at once? Block size: "
+                f"**{highlight}** ({'this guide step' if guided else 'the sidebar'}).")
+    calculator(s.presets, highlight, fixed=fixed)
+
+
+LESSON = Lesson(key=KEY, title="Block size and pool sizing", scenario=scenario, guide_steps=lesson_steps,
+                guide_view=guide_view, slide=lesson_slide, explore=explore)

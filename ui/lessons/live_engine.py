@@ -3,6 +3,7 @@ streams, the pool as it fills, and one request's block table as logical -> physi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import streamlit as st
 
@@ -15,11 +16,12 @@ from pagedkv_core.record.slot_state import SlotState
 from ui import export, player, presenter
 from ui.pool_cells import LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.guide import GuideStep
+from ui.lesson import Export, Lesson
 from ui.predict import Prediction
 from ui.lesson_figures import block_table_arrows, most_advanced, short_text
-from ui.models import EngineFactory, chat_prompt, model_path
+from ui.models import EngineFactory, chat_prompt, engine_factory, model_path, token_text_lookup
 from ui.runs.sidebar import settings_config
-from ui.timed_runs import TimedRun, new_timed_run
+from ui.timed_runs import TimedRun, cached, new_timed_run
 from ui.live_chart import show_chart
 
 KEY = "live"
@@ -308,8 +310,29 @@ def submit_form(rec: TimedRun, tokenizer) -> None:
     player.start(KEY)
 
 
-def explore(view: LiveView, make: EngineFactory) -> None:
-    """The sidebar's engine, the submit form, and the player that steps the model while playing."""
+@dataclass(frozen=True)
+class Live:
+    """What the page draws: the guide's recorded run, or the session's live one on the sidebar's
+    ``config`` (None in guide mode), stepped by engines from ``make``."""
+    view: LiveView
+    rec: TimedRun
+    make: EngineFactory
+    config: EngineConfig | None = None
+
+
+def scenario(guided: bool) -> Live:
+    """The guide's three prompts, run once and cached; else the session's live run on the sidebar's
+    engine. Stops (saying why) when the model cannot load or the settings are invalid."""
+    make = engine_factory()
+    if make is None:
+        st.stop()
+    view = LiveView(token_text_lookup())
+    if guided:
+        rec = cached(guide_run, GUIDE_CONFIG, spinner=f"Running the guide's {len(GUIDE_QUESTIONS)} prompts on SmolLM2, "
+                     f"up to {GUIDE_MAX_TOKENS} tokens each…")
+        if rec is None:
+            st.stop()
+        return Live(view, rec, make)
     try:
         config = settings_config("paged")
     except ConfigError as exc:
@@ -320,6 +343,12 @@ def explore(view: LiveView, make: EngineFactory) -> None:
     except ConfigError as exc:  # the real-model pool would not fit the session's memory budget
         st.error(str(exc))
         st.stop()
+    return Live(view, rec, make, config)
+
+
+def explore(live: Live) -> None:
+    """The submit form, and the player that steps the model while playing."""
+    view, rec, make, config = live.view, live.rec, live.make, live.config
     submit_form(rec, make.tokenizer)
     c = st.columns([6, 1.3])
     c[0].caption(f"Engine: blocks of {config.block_size}, {config.pool_slots:,} slots, watermark {config.watermark:.0%}, "
@@ -354,5 +383,14 @@ def explore(view: LiveView, make: EngineFactory) -> None:
         view.render(rec, step, selected)
 
     live_view()
-    if rec.num_steps:
-        export.download_animation([rec], KEY, "Live engine: the prompts submitted on this page", "live-engine")
+
+
+def export_files(live: Live) -> Export | None:
+    if live.config is None:
+        return Export([live.rec], "Live engine: three chat prompts on SmolLM2", "live-engine")
+    return Export([live.rec], "Live engine: the prompts submitted on this page", "live-engine") if live.rec.num_steps else None
+
+
+LESSON = Lesson(key=KEY, title="Live engine", scenario=scenario, guide_steps=lambda live: guide_steps(live.rec),
+                guide_view=lambda live, show: live.view.render(live.rec, int(show["step"]), show["select"]),
+                slide=lambda live, show: live.view.slide(live.rec, show), explore=explore, export=export_files)

@@ -11,14 +11,15 @@ from pagedkv_core.events import ADMIT, ALLOCATE, APPEND, CACHE_HIT, COW, FINISH,
 from pagedkv_core.kv.prefix_hash import hash_block
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sequence import SequenceStatus
-from ui import export, guide, player, presenter, settings
+from ui import export, player, presenter, settings
 from ui.pool_cells import LEGEND, snapshot_heatmap
 from ui.guide import GuideStep
+from ui.lesson import Export, Lesson
 from ui.predict import Prediction
 from ui.lesson_figures import block_tables_grid, short_text, split_bars, value_bars
-from ui.models import chat_prompt
+from ui.models import chat_prompt, token_text_lookup
 from ui.runs.sidebar import settings_config
-from ui.timed_runs import TimedRun, new_timed_run
+from ui.timed_runs import TimedRun, cached, new_timed_run
 from ui.live_chart import show_chart
 
 KEY = "prefix"
@@ -369,17 +370,36 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
     ]
 
 
-def show_guide(view: PrefixView) -> None:
+# ---------------------------------------------------------------------------- the page
+def scenario(guided: bool) -> PrefixView:
+    """A, B, C (n = 3) and D on SmolLM2: the guide's fixed config and seed, or the sidebar's. Stops
+    (saying why) when the pool does not fit or the run has no step."""
+    config, seed = (GUIDE_CONFIG, GUIDE_SEED) if guided else explore_settings()
     try:
-        steps = guide_steps(view.rec)
+        rec = cached(prefix_sharing_run, config, seed, spinner=SPINNER)
+    except ConfigError as exc:  # the sidebar's pool does not fit the memory budget (BudgetError)
+        st.error(str(exc))
+        st.stop()
+    if rec is None:
+        st.stop()
+    for rid, reason in rec.rejected.items():
+        st.error(f"Request {rid} was rejected: {reason}")
+    if not rec.num_steps:
+        st.stop()
+    return PrefixView(rec, token_text_lookup())
+
+
+def lesson_steps(view: PrefixView) -> list[GuideStep]:
+    try:
+        return guide_steps(view.rec)
     except (IndexError, KeyError, TypeError):
         st.error("The guide's fixed run did not produce the expected events.")
         st.stop()
-    show = guide.nav(KEY, steps).show
-    if presenter.on(KEY):
-        view.slide(show)
-        st.stop()
+
+
+def guide_view(view: PrefixView, show: dict) -> None:
     view.draw(int(show["step"]), show["focus"])
+    st.markdown(takeaways(view.rec))
 
 
 def explore(view: PrefixView) -> None:
@@ -394,3 +414,12 @@ def explore(view: PrefixView) -> None:
         view.draw(step, focus)
 
     show()
+    st.markdown(takeaways(view.rec))
+
+
+def export_files(view: PrefixView) -> Export:
+    return Export([view.rec], "Prefix sharing and copy-on-write: A, B, C (n = 3) and D on SmolLM2", "prefix-sharing")
+
+
+LESSON = Lesson(key=KEY, title="Prefix sharing and copy-on-write", scenario=scenario, guide_steps=lesson_steps,
+                guide_view=guide_view, slide=lambda view, show: view.slide(show), explore=explore, export=export_files)

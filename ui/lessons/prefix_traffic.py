@@ -23,13 +23,14 @@ import streamlit as st
 
 from pagedkv_core.kv.prefix_hash import NO_HASH
 from pagedkv_core.workloads.prefix_replay import ReplayRequest, replay, requests_from_rows
-from pagedkv_core.config import EngineConfig
+from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.workloads.hashed_log import (
     MOONCAKE_CONV_LOG, HashedLogRow, hashed_log_options, hashed_log_workload, read_hashed_log,
 )
 from pagedkv_core.workloads.scenarios import LogOptions, Workload
 from ui import export, presenter
 from ui.guide import GuideStep
+from ui.lesson import Export, Lesson
 from ui.lesson_figures import _layout
 from ui.pool_cells import CACHED_COLOR
 from ui.predict import Prediction, number_text, range_options
@@ -589,3 +590,35 @@ def explore(v: TrafficView) -> None:
 
     st.header("Reuse shorter than a block")
     st.plotly_chart(granularity_figure(v), width="stretch", key=f"{KEY}_blocks", config=export.png_config(f"{KEY}-blocks"))
+
+
+# ---------------------------------------------------------------------------- the page
+GUIDE_HELP = (f"A fixed walkthrough of the trace's {GUIDE_WINDOW.label}, lengths ÷ {SCALE}, blocks of {BLOCK_SIZE}, "
+              f"a {POOL_BLOCKS * BLOCK_SIZE:,}-slot pool, LRU.")
+
+
+def scenario(guided: bool) -> TrafficView:
+    """The guide's window, pool and LRU, or the ones picked here; the replay of every cache size."""
+    window, pool, eviction = (GUIDE_WINDOW, POOL_BLOCKS, "lru") if guided else explore_settings()
+    try:
+        with st.spinner(f"Replaying {window.count:,} requests of the trace…"):
+            v = view(window, pool, eviction)
+    except ConfigError as exc:
+        st.error(str(exc))
+        st.stop()
+    if not presenter.on(KEY):
+        st.caption(f"The window: the trace's {window.label} ({len(v.rows):,} requests, {v.minutes:.0f} minutes of the "
+                   f"hour), every length ÷ {SCALE} so that one engine block of {BLOCK_SIZE} tokens is one "
+                   f"512-token hash block; one engine step = {SECONDS_PER_STEP * 1000:.0f} ms of trace time. "
+                   "Capacities are in the trace's tokens (blocks × 512). The whole hour is in the README's "
+                   "prefix-capacity benchmark.")
+    return v
+
+
+def export_files(v: TrafficView) -> Export:
+    return Export([v.run], f"Prefix cache on real traffic: the trace's {v.window.label} on {v.pool_blocks:,} blocks of "
+                  f"{BLOCK_SIZE}", "prefix-traffic")
+
+
+LESSON = Lesson(key=KEY, title="Prefix cache on real traffic", help=GUIDE_HELP, scenario=scenario,
+                guide_steps=guide_steps, guide_view=guided, slide=slide, explore=explore, export=export_files)

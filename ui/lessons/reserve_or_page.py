@@ -10,11 +10,13 @@ from ui import export, guide, player, pool_view, presenter
 from ui.figures import step_curves
 from ui.pool_cells import LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.predict import Prediction, range_options
+from ui.lesson import Export, Lesson
 from ui.models import tokenizer
 from ui.runs.live import REAL_MAX_TOKENS, LiveRun, live_texts
 from ui.runs.model import Run, allocator_title
 from ui.runs.scripted import scripted_pair
 from ui.runs.session import advance_live
+from ui.runs.sidebar import current_runs
 from ui.live_chart import show_chart
 
 KEY = "rop"
@@ -306,12 +308,20 @@ def explore(runs: list[Run]) -> None:
     show()
 
 
-def download_buttons(runs: list[Run]) -> None:
+def scenario(guided: bool) -> list[Run]:
+    """The guide's fixed runs, or the sidebar's (stops when there are none)."""
+    if guided:
+        return guided_runs()
+    runs = current_runs()
+    if runs is None:
+        st.stop()
+    return runs
+
+
+def export_files(runs: list[Run]) -> Export:
     """Each run's trace, and both runs' heatmaps as one animated HTML file."""
-    with st.container(horizontal=True, gap="small"):  # each button as wide as its label: none is cut short
-        export.download_animation(runs, KEY, "Reserve or page: contiguous reservations beside paged blocks",
-                                  "reserve-or-page")
-        for run in runs:
-            st.download_button(f"Download the {run.allocator} trace (.jsonl)", run.trace_bytes if run.done else b"",
-                               file_name=f"pagedkv-{run.allocator}.jsonl", mime="application/jsonl",
-                               disabled=not run.done, key=f"{KEY}_dl_{run.allocator}", on_click="ignore")
+    return Export(runs, "Reserve or page: contiguous reservations beside paged blocks", "reserve-or-page", traces=True)
+
+
+LESSON = Lesson(key=KEY, title="Reserve or page", help=GUIDE_HELP, scenario=scenario, guide_steps=guide_steps,
+                guide_view=draw_step, slide=slide, explore=explore, export=export_files)

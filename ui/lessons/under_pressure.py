@@ -1,73 +1,31 @@
 """Lesson 4, under pressure: the same load spike on a pool too small for it, run twice on the real
-model, once preempting by swap and once by recompute. The scenario, the costs read from both runs
-(bytes moved, tokens recomputed, measured step times), the drawing, and the guide's narration and
-predictions.
-
-The two runs are stepped in turn (:func:`pressure_pair`), so the machine's load weighs on both
-alike, and which mode is cheaper is decided by the work each did at this machine's measured copy
-bandwidth and FLOP rate (:mod:`ui.costs`), not by two wall-clock totals that a busy neighbour can
-skew 30-fold."""
+model, once preempting by swap and once by recompute. This module is the lesson: both runs drawn
+at one step, the guide's narration and predictions, its slides, and the :class:`~ui.lesson.Lesson`.
+Its parts, one job each: the scenario (:mod:`ui.lessons.pressure_scenario`), the bill, what each
+mode's work cost (:mod:`ui.lessons.pressure_bill`), and the figures
+(:mod:`ui.lessons.pressure_figures`)."""
 from __future__ import annotations
 
 import streamlit as st
 
-from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.events import ADMIT, FINISH, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN
 from pagedkv_core.sizing.kv_math import format_bytes
-from pagedkv_core.sampling import SamplingParams
-from ui import export, guide, player, presenter, settings
-from ui.costs import COPY_BYTES, MATMUL_N, PCIE_NAME, CostModel, Rates, flops_per_token, measure_rates, rate, seconds
-from ui.figures import ALLOCATOR_COLORS
+from ui import export, player, presenter, settings
+from ui.costs import CostModel, rate
+from ui.pool_cells import LEGEND
 from ui.guide import GuideStep
-from ui.lesson_figures import lines, status_timeline, value_bars
-from ui.models import chat_prompt, loaded_model
-from ui.pool_cells import LEGEND, snapshot_heatmap
+from ui.lesson import Export, Lesson
+from ui.lessons.pressure_bill import Bill, cost_model, costs, measured_cost_model  # noqa: F401 (cost_model: tests)
+from ui.lessons.pressure_figures import cost_figure, free_figure, pool_figure, steptime_figure, timeline_figure
+from ui.lessons.pressure_scenario import (  # noqa: F401 (pressure_pair, pressure_run: the scenario, for tests)
+    GUIDE_BLOCK, GUIDE_POOL, GUIDE_WATERMARK, MODES, POOL_CHOICES, PRESSURE_FIRST, PRESSURE_MAX_TOKENS,
+    PRESSURE_POOL_SLOTS, PRESSURE_QUESTIONS, PRESSURE_SPIKE_STEP, pressure_pair, pressure_run, recorded_runs)
+from ui.models import token_text_lookup
 from ui.predict import Prediction
-from ui.timed_runs import TimedRun, cached, new_timed_run, run_interleaved
+from ui.timed_runs import TimedRun
 from ui.live_chart import show_chart
 
 KEY = "pressure"
-MODES = ("swap", "recompute")
-
-# ---------------------------------------------------------------------------- the scenario
-# A load spike on a pool too small for it; greedy, so both modes must agree.
-PRESSURE_QUESTIONS = [
-    "Explain what a CPU does.",
-    "Why is the sky blue?",
-    "How do plants make food?",
-    "Why do we have seasons?",
-    "Describe a cat to someone who has never seen one.",
-    "What does a librarian do?",
-]
-PRESSURE_FIRST = 2  # requests at step 0; the rest arrive together at PRESSURE_SPIKE_STEP
-PRESSURE_SPIKE_STEP = 2
-PRESSURE_MAX_TOKENS = 32
-PRESSURE_POOL_SLOTS = 256
-GUIDE_BLOCK, GUIDE_POOL, GUIDE_WATERMARK = 16, PRESSURE_POOL_SLOTS, 0.1
-POOL_CHOICES = [128, 160, 192, 224, 256, 320, 384, 512]
-
-
-def add_pressure_requests(rec: TimedRun, tokenizer, max_tokens: int = PRESSURE_MAX_TOKENS) -> TimedRun:
-    for i, q in enumerate(PRESSURE_QUESTIONS):
-        arrival = 0 if i < PRESSURE_FIRST else PRESSURE_SPIKE_STEP
-        rec.add(f"r{i}", chat_prompt(tokenizer, q), SamplingParams(max_tokens=max_tokens), text=q, arrival_step=arrival)
-    return rec
-
-
-def pressure_run(make_engine, tokenizer, config: EngineConfig, max_tokens: int = PRESSURE_MAX_TOKENS) -> TimedRun:
-    """The spike under ``config``'s preemption mode, alone."""
-    rec = add_pressure_requests(new_timed_run(config.preemption, config, make_engine), tokenizer, max_tokens)
-    return rec.run().release()
-
-
-def pressure_pair(make_engine, tokenizer, swap_config: EngineConfig, recompute_config: EngineConfig,
-                  max_tokens: int = PRESSURE_MAX_TOKENS) -> dict[str, TimedRun]:
-    """The spike under both modes, run interleaved step by step (:func:`ui.timed_runs.run_interleaved`)
-    so that their measured step times share the machine's load."""
-    recs = {m: add_pressure_requests(new_timed_run(m, cfg, make_engine), tokenizer, max_tokens)
-            for m, cfg in (("swap", swap_config), ("recompute", recompute_config))}
-    run_interleaved(list(recs.values()))
-    return {m: r.release() for m, r in recs.items()}
 
 
 def settings_for(guided: bool) -> tuple[int, int, float, bool]:
@@ -86,82 +44,6 @@ def settings_for(guided: bool) -> tuple[int, int, float, bool]:
     c[2].caption(f"Block size {block_size} and prefix caching {'on' if prefix_caching else 'off'} come from the "
                  f"sidebar. Guide mode uses blocks of {GUIDE_BLOCK}, {GUIDE_POOL} slots, watermark {GUIDE_WATERMARK}.")
     return block_size, pool_slots, watermark, prefix_caching
-
-
-def recorded_runs(block_size: int, pool_slots: int, watermark: float, prefix_caching: bool) -> dict[str, TimedRun]:
-    """The spike under each preemption mode (swap pool: the config's default, the pool's size),
-    cached; shows st.error and stops when the settings are invalid or the model cannot load."""
-    try:
-        configs = {m: EngineConfig(block_size=block_size, pool_slots=pool_slots, watermark=watermark, preemption=m,
-                                   prefix_caching=prefix_caching) for m in MODES}
-    except ConfigError as exc:
-        st.error(str(exc))
-        st.stop()
-    try:
-        recs = cached(pressure_pair, configs["swap"], configs["recompute"],
-                      spinner="Running the spike with swap and with recompute on SmolLM2, a step of each in turn…")
-    except ConfigError as exc:  # the pools would not fit the memory budget (BudgetError)
-        st.error(str(exc))
-        st.stop()
-    if recs is None:
-        st.stop()
-    for m, rec in recs.items():
-        for rid, reason in rec.rejected.items():
-            st.error(f"{m}: request {rid} was rejected: {reason}")
-    return recs
-
-
-def costs(rec: TimedRun, upto: int | None = None) -> dict:
-    """What the run cost: the counts up to step ``upto`` (None: the whole run); the times over the whole run."""
-    out_b, in_b = rec.swap_bytes(upto)
-    return {
-        "preemptions": len(rec.preemptions(upto)),
-        "bytes to host": out_b, "bytes back": in_b,
-        "tokens lost": rec.preempted_tokens(upto), "tokens recomputed": rec.recomputed_tokens(upto),
-        "tokens from the cache": rec.recompute_cache_hits(upto), "tokens needed again": rec.readmitted_tokens(upto),
-        "steps": rec.num_steps, "total s": sum(rec.wall_s),
-        "mean step s": sum(rec.wall_s) / max(1, len(rec.wall_s)),
-    }
-
-
-# ---------------------------------------------------------------------------- honest costs
-@st.cache_resource(show_spinner=False, ttl=600)
-def machine_rates() -> Rates:
-    """This machine's copy bandwidth and FLOP rate, measured once per process every ten minutes."""
-    return measure_rates()
-
-
-def model_flops_per_token() -> float | None:
-    """2 x the loaded model's parameters (None when the model cannot load)."""
-    lm = loaded_model()
-    if lm is None:
-        return None
-    return flops_per_token(sum(p.numel() for p in lm.model.parameters()))
-
-
-def work_steps(rec: TimedRun) -> list[int]:
-    """The steps in which a run did its mode's extra work: swapping blocks out or in, or prefilling
-    a recompute victim again (freeing a victim's blocks costs nothing)."""
-    steps = {s for s, _ in rec.events(PREEMPT_SWAP, SWAP_IN)}
-    steps |= {s for s, e in rec.events(ADMIT) if e.detail.get("recompute")}
-    return sorted(steps)
-
-
-def cost_model(recs: dict[str, TimedRun], fpt: float, rates: Rates) -> CostModel:
-    """The work each run did (bytes out and back; tokens prefilled again) at the measured rates."""
-    out_b, in_b = recs["swap"].swap_bytes()
-    return CostModel(out_b + in_b, recs["recompute"].recomputed_tokens(), fpt, rates)
-
-
-def measured_cost_model(recs: dict[str, TimedRun]) -> CostModel | None:
-    """:func:`cost_model` at this machine's rates (measured once every ten minutes) for the loaded
-    model; None when the model cannot load."""
-    fpt = model_flops_per_token()
-    if fpt is None:
-        return None
-    with st.spinner("Measuring this machine's memory-copy bandwidth and FLOP rate…"):
-        rates = machine_rates()
-    return cost_model(recs, fpt, rates)
 
 
 def events_at(rec: TimedRun, step: int) -> list[str]:
@@ -202,6 +84,7 @@ class PressureView:
         self.num_blocks = config.num_blocks
         self.reserve = config.watermark_blocks
         self.bpb = recs["swap"].bytes_per_block
+        self.bill = Bill(recs, model)
 
     def preemption_lines(self, rec: TimedRun, upto: int | None = None) -> list[str]:
         """One sentence per preemption up to step ``upto``: the victim, what happened to its blocks, and
@@ -223,48 +106,9 @@ class PressureView:
             out.append(f"step {p['step']}: **{p['victim']}**, {what}. Why: {why}.")
         return out
 
-    # ------------------------------------------------------------------------ figures
-    def timeline_figure(self, mode: str, step: int):
-        rec = self.recs[mode]
-        pre = [(s, e.request_id) for s, e in rec.events(PREEMPT_SWAP, PREEMPT_RECOMPUTE, upto=step)]
-        return status_timeline(rec, rec.request_ids, f"{mode}: each request's state per step (✕ = preempted)",
-                               current_step=step, preemptions=pre, upto=step)
-
-    def free_figure(self, mode: str, step: int):
-        rec = self.recs[mode]
-        free = [s.num_blocks - round(s.metrics.kv_usage * s.num_blocks) for s in map(rec.at, range(rec.num_steps))]
-        reserve = self.reserve
-        return lines(range(len(free)), {"free blocks": free}, f"{mode}: free blocks after each step", "engine step", "blocks",
-                     colors={"free blocks": ALLOCATOR_COLORS[mode]},
-                     hline=(reserve, f"watermark reserve: {reserve} block{'s' if reserve != 1 else ''}"),
-                     current_x=step, height=260, markers=False)
-
-    def steptime_figure(self, step: int):
-        recs = self.recs
-        n = max(r.num_steps for r in recs.values())
-        return lines(range(n), {m: [r.wall_s[i] * 1000 if i < len(r.wall_s) else None for i in range(n)]
-                                for m, r in recs.items()},
-                     "Measured time of each engine step (ms), the two runs stepped in turn: spikes are prefills",
-                     "engine step", "milliseconds", colors=ALLOCATOR_COLORS, current_x=step, height=300, markers=False)
-
-    def cost_figure(self):
-        """The modelled cost of each mode's work beside what the runs' own step times measured."""
-        m = self.model
-        sw, rc = self.recs["swap"], self.recs["recompute"]
-        labels = ["swap: modelled, this machine's copy", f"swap: modelled, over {PCIE_NAME}", "swap: measured in the run",
-                  "recompute: modelled, this machine's matmul", "recompute: measured in the run"]
-        values = [m.swap_s, m.swap_pcie_s, max(0.0, sw.excess_wall_s(work_steps(sw))), m.recompute_s,
-                  max(0.0, rc.excess_wall_s(work_steps(rc)))]
-        swap_c, rec_c = ALLOCATOR_COLORS["swap"], ALLOCATOR_COLORS["recompute"]
-        return value_bars(labels, [v * 1000 for v in values],
-                          "What each mode's work cost (ms): modelled at the measured rates, and measured in the runs",
-                          "milliseconds (measured: time of the steps that did the work, beyond the run's median step)",
-                          lambda v: seconds(v / 1000), colors=[swap_c, "#5eead4", "#99f6e4", rec_c, "#f0abfc"], height=340)
-
     # ------------------------------------------------------------------------ drawing
     def side(self, mode: str, step: int) -> None:
         rec = self.recs[mode]
-        snap = rec.at(step)
         k = costs(rec, step)
         st.subheader(f"Preempt by {mode}")
         c = st.columns(3)
@@ -283,12 +127,12 @@ class PressureView:
                     "engine.step(), decodes and prefills included (the two runs were stepped in turn, so the machine's "
                     "load weighs on both alike); the bill compares the modelled cost of the preemption work alone")
         c[2].metric("mean step time", f"{k['mean step s'] * 1000:.0f} ms")
-        fig = snapshot_heatmap(snap, rec.request_ids, f"{mode}: {snap.num_slots} KV slots at step {snap.step}",
-                               token_text=self.text_of, height=260)[0]
-        show_chart(fig, f"{KEY}_heat_{mode}", config=export.png_config(f"{KEY}-{mode}-pool"))
-        show_chart(self.timeline_figure(mode, step), f"{KEY}_timeline_{mode}",
+        show_chart(pool_figure(rec, mode, step, self.text_of), f"{KEY}_heat_{mode}",
+                   config=export.png_config(f"{KEY}-{mode}-pool"))
+        show_chart(timeline_figure(rec, mode, step), f"{KEY}_timeline_{mode}",
                    config=export.png_config(f"{KEY}-{mode}-timeline"))
-        show_chart(self.free_figure(mode, step), f"{KEY}_free_{mode}", config=export.png_config(f"{KEY}-{mode}-free"))
+        show_chart(free_figure(rec, mode, step, self.reserve), f"{KEY}_free_{mode}",
+                   config=export.png_config(f"{KEY}-{mode}-free"))
         rows = self.preemption_lines(rec, step)
         st.markdown(f"**{mode}: preemptions so far, and why each victim**")
         if rows:
@@ -311,7 +155,7 @@ class PressureView:
             with col:
                 self.side(m, step)
         st.caption(LEGEND)
-        show_chart(self.steptime_figure(step), f"{KEY}_steptime", config=export.png_config(f"{KEY}-step-times"))
+        show_chart(steptime_figure(self.recs, step), f"{KEY}_steptime", config=export.png_config(f"{KEY}-step-times"))
         st.caption("Wall-clock times are measured on this machine. The two runs were stepped in turn (a swap step, a "
                    "recompute step, and so on), so load from anything else running weighs on both alike; the bytes, "
                    "blocks and token counts do not depend on the machine at all.")
@@ -335,127 +179,15 @@ class PressureView:
             st.error("The two runs produced different tokens for at least one request (see the table).")
         st.dataframe(rows, hide_index=True, width="stretch")
 
-    # ------------------------------------------------------------------------ costs
-    def verdict(self) -> str:
-        """Which mode the measured rates make cheaper for the work done here, with the numbers."""
-        m = self.model
-        cheaper, dearer = ("swap", "recompute") if m.winner == "swap" else ("recompute", "swap")
-        return (f"Modelled cost of the preemption work alone (swap: copying the blocks out and back; recompute: "
-                f"prefilling the evicted tokens again), at this machine's measured rates: **{cheaper}** is cheaper, "
-                f"{seconds(min(m.swap_s, m.recompute_s))} against {seconds(max(m.swap_s, m.recompute_s))} by {dearer}, "
-                f"{m.factor:,.0f}× less.")
-
-    def whole_run_note(self) -> str:
-        """The measured wall time of each whole run, said as such: it includes every step's decodes and
-        prefills, which both runs share, so it need not agree with the modelled preemption work."""
-        s, r = costs(self.recs["swap"]), costs(self.recs["recompute"])
-        ts, tr = s["total s"], r["total s"]
-        faster = "swap" if ts < tr else "recompute" if tr < ts else None
-        text = (f"Measured wall time over the whole run (every step, the two runs interleaved): swap {ts:.1f} s in "
-                f"{s['steps']} steps, recompute {tr:.1f} s in {r['steps']} steps")
-        if faster is None:
-            return text + "."
-        text += f", so {faster} was faster over the whole run."
-        if self.model is not None and faster != self.model.winner:
-            text += (f" That is not the modelled verdict: the two whole-run times differ by {seconds(abs(ts - tr))}, "
-                     f"and besides the preemption work (modelled: {seconds(self.model.swap_s)} swap, "
-                     f"{seconds(self.model.recompute_s)} recompute) they time every decode and prefill both runs share, "
-                     "and the machine's load while they ran.")
-        return text
-
-    def measured_note(self) -> str:
-        """What the runs' own step times say beside the model, in one or two sentences."""
-        sw, rc = self.recs["swap"], self.recs["recompute"]
-        xs, xr = sw.excess_wall_s(work_steps(sw)), rc.excess_wall_s(work_steps(rc))
-        m = self.model
-        text = (f"Measured in the runs themselves, the steps that swapped took {seconds(max(xs, 0.0))} more than a plain "
-                f"step, the step that recomputed {seconds(max(xr, 0.0))} more.")
-        if xs > 2 * m.swap_s:
-            text += (" Swap's steps cost more than its bandwidth model because the CPU engine copies the blocks of every "
-                     "layer's K pool and V pool separately, with a fixed cost per copy"
-                     + (", yet still less than recompute." if xs < xr else ", and at this size that overhead, not the "
-                        "bytes, makes it the dearer of the two here."))
-        return text
-
-    def costs_panel(self) -> None:
-        """Measured work beside its modelled cost, the measured engine times, and the verdict."""
-        m, s, r = self.model, costs(self.recs["swap"]), costs(self.recs["recompute"])
-        if m is None:
-            st.caption("The costs could not be modelled: the model's parameter count is unknown.")
-            return
-        rates = m.rates
-        st.markdown("**What each mode cost, measured so that load cannot decide it**")
-        bpt = self.bpb // max(1, self.block_size)
-        rows = [
-            {"": "work (counted from the engine's events)",
-             "swap": f"{format_bytes(s['bytes to host'])} to host + {format_bytes(s['bytes back'])} back = "
-                     f"{format_bytes(m.bytes_moved)} ({bpt:,} B per token)",
-             "recompute": f"{m.tokens_recomputed} tokens prefilled again: of the {r['tokens needed again']} tokens the "
-                          f"victims had on return ({r['tokens lost']} whose K/V they held when evicted + "
-                          f"{r['tokens needed again'] - r['tokens lost']} sampled but not yet written), "
-                          f"{r['tokens from the cache']} were found in the prefix cache"},
-            {"": "rate measured on this machine",
-             "swap": f"{rate(rates.copy_bytes_per_s, 'B')}: a {format_bytes(COPY_BYTES)} host copy",
-             "recompute": f"{rate(rates.flops_per_s, 'FLOP')}: a {MATMUL_N} × {MATMUL_N} float32 matmul"},
-            {"": "modelled cost = work / rate",
-             "swap": f"{format_bytes(m.bytes_moved)} / {rate(rates.copy_bytes_per_s, 'B')} = **{seconds(m.swap_s)}**",
-             "recompute": f"{m.tokens_recomputed} × {m.flops_per_token / 1e9:.2f} GFLOP = {m.recompute_flops / 1e9:,.1f} GFLOP "
-                          f"/ {rate(rates.flops_per_s, 'FLOP')} = **{seconds(m.recompute_s)}**"},
-            {"": f"on a GPU ({PCIE_NAME}, about {rate(m.pcie_bytes_per_s, 'B')})",
-             "swap": f"{format_bytes(m.bytes_moved)} / {rate(m.pcie_bytes_per_s, 'B')} = {seconds(m.swap_pcie_s)}",
-             "recompute": f"cheaper than that at a prefill rate above {rate(m.gpu_break_even_flops_per_s, 'FLOP')}"},
-            {"": "measured: time of the steps that did this work, beyond the run's median step",
-             "swap": self._excess(self.recs["swap"]), "recompute": self._excess(self.recs["recompute"])},
-            {"": "measured engine time, whole run (steps interleaved)",
-             "swap": f"{s['total s']:.2f} s in {s['steps']} steps", "recompute": f"{r['total s']:.2f} s in {r['steps']} steps"},
-        ]
-        st.markdown("| | swap | recompute |\n| --- | --- | --- |\n"
-                    + "\n".join(f"| {row['']} | {row['swap']} | {row['recompute']} |" for row in rows))
-        st.caption(f"Rates: medians of {rates.repeats} timings of each, alternated so that both see the same load "
-                   f"({rates.threads} threads). FLOPs per token = 2 × the model's parameters (a multiply and an add "
-                   "per weight); attention over the context adds a term that grows with its length, small at these "
-                   "lengths.")
-        st.success(self.verdict() + " " + self.measured_note() + " " + self.whole_run_note(), icon=":material/balance:")
-
-    @staticmethod
-    def _excess(rec: TimedRun) -> str:
-        steps = work_steps(rec)
-        if not steps:
-            return "no such step"
-        extra = rec.excess_wall_s(steps)
-        where = f"{len(steps)} step{'s' if len(steps) != 1 else ''} ({', '.join(map(str, steps[:6]))}{'…' if len(steps) > 6 else ''})"
-        return f"{seconds(extra)} over {where}" if extra >= 1e-3 else f"none measurable over {where}"
-
-    def when_each_wins(self) -> None:
-        m = self.model
-        bpb, block_size = self.bpb, self.block_size
-        bpt = bpb // max(1, block_size)
-        self.costs_panel()
-        if m is None:
-            return
-        per_token_swap = 2 * bpt / m.rates.copy_bytes_per_s
-        per_token_recompute = m.flops_per_token / m.rates.flops_per_s
-        st.markdown(
-            f"""
-**When each wins**
-- **Swap** moves bytes: each preempted token costs its K and V in every layer ({format_bytes(bpt)} per token for this
-  model in fp32, {format_bytes(bpb)} per block of {block_size}), out and back: {seconds(per_token_swap)} per token at
-  this machine's {rate(m.rates.copy_bytes_per_s, 'B')}. It takes no compute, and its cost grows only linearly with the
-  context, so swap wins for **long contexts** and for **forked groups** (parallel samples, beam search), where
-  recompute would prefill every sample's whole context again.
-- **Recompute** spends compute: {m.flops_per_token / 1e9:.2f} GFLOP per token, {seconds(per_token_recompute)} per token
-  at this machine's {rate(m.rates.flops_per_s, 'FLOP')}, and it needs no host memory. Its attention term grows with the
-  square of the context, so long contexts make it expensive; the prefix cache cuts it (here
-  {costs(self.recs['recompute'])['tokens from the cache']} tokens came back from the cache instead).
-- **Here**, per token, swap costs {seconds(per_token_swap)} and recompute {seconds(per_token_recompute)}: on this CPU
-  the "host pool" is the same RAM, so a swap is a plain memory copy; for this spike's preemption work the model
-  favours {m.winner}, {m.factor:,.0f}× cheaper (modelled, not the whole run's measured time).
-- **On a GPU** the swap crosses {PCIE_NAME} (about {rate(m.pcie_bytes_per_s, 'B')}): {seconds(m.swap_pcie_s)} for these
-  {format_bytes(m.bytes_moved)}, while a GPU computes the {m.recompute_flops / 1e9:,.1f} GFLOP of the recompute faster
-  than that once it sustains more than {rate(m.gpu_break_even_flops_per_s, 'FLOP')} on the prefill. That is why vLLM
-  defaults to recompute and keeps swap for the cases above.
-"""
-        )
+    def answers(self, with_costs: bool) -> None:
+        """Both runs' answers, compared; then what each mode cost and when each wins (``with_costs``),
+        or a line saying that the bill comes with the guide."""
+        st.markdown("**The answers, and whether both runs agree**")
+        self.outputs_table()
+        if with_costs:
+            self.bill.when_each_wins()
+        else:
+            st.caption("What each mode cost, and when each wins, come with the guide's bill, after you have predicted it.")
 
     # ------------------------------------------------------------------------ guide
     def guide_steps(self) -> list[GuideStep]:
@@ -541,8 +273,8 @@ class PressureView:
                 f"{rate(m.rates.flops_per_s, 'FLOP')} (measured just now).", {"step": end, "figure": "steptime"},
                 predict=Prediction("pressure_cheaper", "Predict: for this spike, which mode's preemption work (copying "
                                    "blocks, or prefilling evicted tokens again) costs less on this machine?",
-                                   answer, self.verdict().replace("**", "") + " " + self.measured_note() + " "
-                                   + self.whole_run_note(), options=options,
+                                   answer, self.bill.verdict().replace("**", "") + " " + self.bill.measured_note()
+                                   + " " + self.bill.whole_run_note(), options=options,
                                    source="Modelled from this run's work at this machine's measured rates"),
                 reveal={"figure": "costs", "costs": True}))
         steps.append(GuideStep("Same answers", (f"Both runs produce exactly the same tokens for all {n_req} requests (the "
@@ -557,34 +289,20 @@ class PressureView:
         """Presenter mode: the step's one figure (both timelines, free blocks, step times or the costs)."""
         step, which = int(show["step"]), show.get("figure", "timeline")
         if which == "costs" and self.model is not None:
-            presenter.slide(self.cost_figure(), KEY, self.verdict().replace("**", ""))
+            presenter.slide(cost_figure(self.recs, self.model), KEY, self.bill.verdict().replace("**", ""))
         elif which == "steptime":
-            presenter.slide(self.steptime_figure(step), KEY)
+            presenter.slide(steptime_figure(self.recs, step), KEY)
         elif which == "free":
-            presenter.slide(presenter.side_by_side([self.free_figure(m, step) for m in MODES],
+            presenter.slide(presenter.side_by_side([free_figure(self.recs[m], m, step, self.reserve) for m in MODES],
                                                    [f"{m}: free blocks" for m in MODES], f"Free blocks, step {step}",
                                                    heatmaps=False), KEY)
         else:
-            presenter.slide(presenter.side_by_side([self.timeline_figure(m, step) for m in MODES],
+            presenter.slide(presenter.side_by_side([timeline_figure(self.recs[m], m, step) for m in MODES],
                                                    [f"preempt by {m}" for m in MODES],
                                                    f"Each request's state per step, step {step} (✕ = preempted)",
                                                    heatmaps=False), KEY,
                             "grey = waiting · blue = running · teal = swapped out to host · magenta = preempted, waits to "
                             "recompute · blank = finished")
-
-    def show_guide(self) -> dict:
-        """Draw the guide's current step; returns its ``show``."""
-        try:
-            steps = self.guide_steps()
-        except (IndexError, KeyError):
-            st.error("The guide's fixed run did not preempt anything, so there is nothing to walk through.")
-            st.stop()
-        show = guide.nav(KEY, steps).show
-        if presenter.on(KEY):
-            self.slide(show)
-            st.stop()
-        self.compare(int(show["step"]))
-        return show
 
     def explore(self) -> None:
         n_steps = max(r.num_steps for r in self.recs.values())
@@ -598,3 +316,39 @@ class PressureView:
             self.compare(step)
 
         show()
+
+
+def scenario(guided: bool) -> PressureView:
+    """The spike under both modes (the guide's fixed pool, or this page's widgets), with the bill
+    at this machine's measured rates."""
+    recs = recorded_runs(*settings_for(guided))
+    return PressureView(recs, token_text_lookup(), measured_cost_model(recs))
+
+
+def lesson_steps(view: PressureView) -> list[GuideStep]:
+    try:
+        return view.guide_steps()
+    except (IndexError, KeyError):
+        st.error("The guide's fixed run did not preempt anything, so there is nothing to walk through.")
+        st.stop()
+
+
+def guide_view(view: PressureView, show: dict) -> None:
+    """A guide step: both runs at its step, the answers, and the bill once it is out."""
+    view.compare(int(show["step"]))
+    view.answers(bool(show.get("costs")))
+
+
+def explore(view: PressureView) -> None:
+    """Free play: the player over both runs, the answers and the bill."""
+    view.explore()
+    view.answers(True)
+
+
+def export_files(view: PressureView) -> Export:
+    return Export([view.recs[m] for m in MODES], "Under pressure: the spike preempted by swap and by recompute",
+                  "under-pressure")
+
+
+LESSON = Lesson(key=KEY, title="Under pressure: swap versus recompute", scenario=scenario, guide_steps=lesson_steps,
+                guide_view=guide_view, slide=lambda view, show: view.slide(show), explore=explore, export=export_files)

@@ -217,7 +217,8 @@ def _vllm_rows(r: dict) -> list[tuple[str, str, str, str]]:
                      f"{x['vllm']['useful_tokens_per_s']:.1f} useful tok/s, medians of {v['setup']['repetitions']}"
                      + (f"; per CPU second {_x(x['pagedkv_vs_vllm_per_cpu_s'])}" if x.get("pagedkv_vs_vllm_per_cpu_s") else "")
                      + f"; {same}; "
-                     f"load average {min(loads):.1f}-{max(loads):.1f})", t["target"].replace(">=", "≥") + "x",
+                     + (f"measured {v['date'][:10]} with `{v['command']}`; " if v.get("command") else "")
+                     + f"load average {min(loads):.1f}-{max(loads):.1f})", t["target"].replace(">=", "≥") + "x",
                      _verdict(t["pass"])))
     return rows
 

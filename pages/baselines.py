@@ -10,6 +10,6 @@ page(
         "Orca. **Orca Max** reserves room for the longest answer a request may write; **Orca Pow2** reserves the "
         "answer's real length rounded up to a power of two; **Orca Oracle** reserves exactly the answer's length. "
         "Pow2 and Oracle know each answer in advance, which no real server does: they bound how well reserving ahead "
-        "could ever do. Here the same real requests, from Azure's production trace, run on all four."
+        "could ever do. Here the same real requests, from Azure's production request log, run on all four."
     ),
 )

@@ -1,4 +1,4 @@
-"""Prefix cache on real traffic: Mooncake's production conversation trace on the paged engine. Why a
+"""Prefix cache on real traffic: Mooncake's production conversation log on the paged engine. Why a
 hit rate is low: the cache is too small, or the reuse is shorter than one block."""
 from ui.lesson import page
 from ui.lessons import prefix_traffic as lesson

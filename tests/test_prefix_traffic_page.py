@@ -31,7 +31,7 @@ def test_the_curve_is_the_replay_modules(window_requests):
     assert not at.error, [e.value for e in at.error]
     fig = figure(at, f"{KEY}_curve")
     xs = [float(v) for v in plotly_array(next(t for t in fig["data"] if "LRU" in t["name"])["x"]).tolist()]
-    assert xs == [b * 512 for b in lesson.CAPACITIES]  # capacities in the trace's tokens
+    assert xs == [b * 512 for b in lesson.CAPACITIES]  # capacities in the log's tokens
     for policy, name in (("lru", "LRU"), ("belady", "Belady")):
         want = [replay(window_requests, lesson.BLOCK_SIZE, b, policy).hit_rate for b in lesson.CAPACITIES]
         assert trace_y(fig, name) == pytest.approx(want, abs=1e-12), policy

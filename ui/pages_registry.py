@@ -32,7 +32,7 @@ PAGES = (
     PageInfo("pages/baselines.py", "Real traffic: the paper's baselines", ":material/stacked_bar_chart:", "baselines", 7,
              "Azure's production requests on the vLLM paper's three Orca baselines and on paging, waste measured"),
     PageInfo("pages/prefix_traffic.py", "Prefix cache on real traffic", ":material/cached:", "prefix-traffic", 8,
-             "Mooncake's production trace: hit rate against cache size, LRU against Belady, and why a hit rate is low"),
+             "Mooncake's production request log: hit rate against cache size, LRU against Belady, and why a hit rate is low"),
     PageInfo("pages/vllm_server.py", "Your vLLM server", ":material/dns:", "vllm-server", None,
              "a real vLLM server's prefix cache, live from its KV events and /metrics, or recorded"),
 )

@@ -30,7 +30,7 @@ from ui.live_chart import show_chart
 
 KEY = "base"
 GUIDE_SEED = 0
-GUIDE_HELP = ("A fixed walkthrough of the default requests (200 of Azure's conversation requests, the trace's "
+GUIDE_HELP = ("A fixed walkthrough of the default requests (200 of Azure's conversation requests, the log's "
               "4,096-slot pool, blocks of 16, the engine's default settings, seed 0), whatever the sidebar says.")
 ALLOCATORS = (*CONTIGUOUS_POLICIES.values(), "paged")  # Orca Max, Pow2, Oracle, then vLLM's paging
 DEFAULT_WORKLOAD = "azure-conv-small"
@@ -63,7 +63,7 @@ def workload_choice() -> tuple[Workload, bool]:
 
 def config_for(workload: Workload) -> dict:
     """The sidebar's engine settings, with the workload's suggested pool while the sidebar's pool
-    is at its default (the trace scenarios are sized for theirs)."""
+    is at its default (the request-log scenarios are sized for theirs)."""
     config = settings.engine_settings()
     if config["pool_slots"] == settings.BY_KEY["pool_slots"].default:
         config["pool_slots"] = workload.pool_slots
@@ -169,7 +169,7 @@ def differences(workload: Workload, runs: list[Run], config: dict) -> str:
 def settings_note(workload: Workload, config: dict, is_default: bool) -> str:
     """Which of the sidebar's settings this page applies, and which it does not, in two sentences."""
     pool = ("the sidebar's pool size" if config["pool_slots"] != workload.pool_slots or not is_default
-            else f"the trace's own pool ({workload.pool_slots:,} slots) while the sidebar's pool size is at its default")
+            else f"the log's own pool ({workload.pool_slots:,} slots) while the sidebar's pool size is at its default")
     return (
         "**Sidebar settings on this page.** Applied: block size, watermark, preemption mode and swap pool, prefix "
         f"caching, seed, {pool}, and the workload once you change it from its default (a named scenario or a workload "
@@ -269,7 +269,7 @@ def predictions(runs: list[Run]) -> list[Prediction]:
 
 
 def guided_runs() -> tuple[list[Run], Workload, dict]:
-    """The guide's fixed runs: the default requests, the trace's pool, the engine's defaults."""
+    """The guide's fixed runs: the default requests, the log's pool, the engine's defaults."""
     workload = named_workload(DEFAULT_WORKLOAD, GUIDE_SEED)
     config = {k: settings.BY_KEY[k].default for k in settings.ENGINE_KEYS}
     config.update(pool_slots=workload.pool_slots, seed=GUIDE_SEED)
@@ -292,8 +292,8 @@ def guide_steps(runs: list[Run], workload: Workload) -> list[guide.GuideStep]:
     shares = ", ".join(f"{BASELINE_LABELS[r.allocator]} {r.waste['token_share']:.0%} (paper {PAPER_TOKEN_SHARE[r.allocator]:.0%})"
                        for r in runs)
     return [
-        guide.GuideStep("One trace, four allocators", (
-            f"{len(workload.requests)} real requests from Azure's conversation trace arrive at their recorded times "
+        guide.GuideStep("One request log, four allocators", (
+            f"{len(workload.requests)} real requests from Azure's conversation log arrive at their recorded times "
             f"into four pools of {pool:,} slots each, the last at step {last_arrival}. Orca Max, Pow2 and Oracle "
             f"reserve each request's room in one piece when they admit it; paging takes blocks of {block} as its "
             "tokens arrive."), {"step": 0, "figure": "pools"}),

@@ -1,4 +1,4 @@
-"""Lesson 8, the prefix cache on real traffic: Mooncake's production conversation trace (FAST'25),
+"""Lesson 8, the prefix cache on real traffic: Mooncake's production conversation log (FAST'25),
 whose requests carry one hash id per 512-token prompt block, on the paged engine.
 
 Why a hit rate is low, on real traffic: the cache is too small (the capacity curve, LRU against
@@ -6,10 +6,10 @@ Belady's optimum and the unbounded bound), or the reuse is shorter than one bloc
 traffic cached in bigger blocks). The pool over time at production scale, the longest shared
 prefixes and how often each is reused, and the prefill tokens the cache saved.
 
-A window of the trace keeps the page interactive: :data:`GUIDE_WINDOW` (the first 2,000
+A window of the log keeps the page interactive: :data:`GUIDE_WINDOW` (the first 2,000
 requests, about the first 11 minutes of the hour), every length scaled by 1/16 so that one
 engine block of 32 tokens stands for one 512-token hash block. Capacities are said in the
-trace's tokens (blocks × 512). Every number on the page is computed here from the trace, the
+log's tokens (blocks × 512). Every number on the page is computed here from the log, the
 replay module (:mod:`pagedkv_core.workloads.prefix_replay`) or the engine's recorded run.
 """
 from __future__ import annotations
@@ -38,19 +38,19 @@ from ui.runs.model import Run
 from ui.runs.scripted import scripted_run
 
 KEY = "ptraffic"
-HASH_BLOCK = 512  # trace tokens per hash id
+HASH_BLOCK = 512  # log tokens per hash id
 SCALE = 16  # every length is divided by this in the engine (--length-scale 1/16)
-SECONDS_PER_STEP = 0.8  # trace time per engine step: 16 x 50 ms, so a request lives as long as unscaled
+SECONDS_PER_STEP = 0.8  # log time per engine step: 16 x 50 ms, so a request lives as long as unscaled
 BLOCK_SIZE = HASH_BLOCK // SCALE  # engine tokens per block: one hash block
 CAPACITIES = (512, 1024, 2048, 4096, 8192, 16384, 32768)  # cache sizes of the curve, in blocks
-POOL_BLOCKS = 4096  # the engine run drawn over time: 131,072 slots = 2.1M trace tokens
+POOL_BLOCKS = 4096  # the engine run drawn over time: 131,072 slots = 2.1M log tokens
 GROUPS = (1, 2, 4, 8)  # cache blocks of 1, 2, 4, 8 hash blocks (512 to 4,096 tokens)
 LRU_COLOR, BELADY_COLOR, BOUND_COLOR, ENGINE_COLOR = "#1d4ed8", "#15803d", "#6b7280", "#c2410c"
 
 
 @dataclass(frozen=True)
 class Window:
-    """A slice of the trace: ``count`` requests from request ``start`` (0-based, arrival order)."""
+    """A slice of the log: ``count`` requests from request ``start`` (0-based, arrival order)."""
 
     start: int
     count: int
@@ -65,7 +65,7 @@ WINDOWS = (GUIDE_WINDOW, Window(0, 1000), Window(4000, 2000))
 
 
 def tokens_text(tokens: float) -> str:
-    """Trace tokens, short: 262k, 2.1M, 16.8M."""
+    """Log tokens, short: 262k, 2.1M, 16.8M."""
     if tokens >= 1e6:
         return f"{tokens / 1e6:.1f}M"
     if tokens >= 1e3:
@@ -77,13 +77,13 @@ def blocks_text(blocks: int) -> str:
     return f"{tokens_text(blocks * HASH_BLOCK)} tokens"
 
 
-# ---------------------------------------------------------------------------- the trace
+# ---------------------------------------------------------------------------- the log
 PAPER_FIGURE_9 = ((1_000_000, 0.09), (2_000_000, 0.12), (5_000_000, 0.25), (10_000_000, 0.33), (50_000_000, 0.40))
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def log_rows(start: int, count: int) -> list[HashedLogRow]:
-    """The shipped trace's requests ``start`` .. ``start + count - 1`` (once per process)."""
+    """The shipped log's requests ``start`` .. ``start + count - 1`` (once per process)."""
     return read_hashed_log(MOONCAKE_CONV_LOG, start, count)
 
 
@@ -126,7 +126,7 @@ class SharedPrefix:
 
     hash_id: int
     blocks: int  # hash blocks in the prefix
-    tokens: int  # trace tokens it covers
+    tokens: int  # log tokens it covers
     requests: int  # requests of the window that start with it
     first: int  # the first of them (0-based, in the window)
 
@@ -228,7 +228,7 @@ class TrafficView:
         return m.prefix_hit_tokens / m.prefix_queried_tokens if m.prefix_queried_tokens else 0.0
 
     def engine_hit_tokens(self) -> int:
-        """Prompt tokens the engine took from its cache, in the trace's tokens."""
+        """Prompt tokens the engine took from its cache, in the log's tokens."""
         return int(self.run.at(self.run.num_steps - 1).metrics.prefix_hit_tokens) * SCALE
 
     def replay_at_pool(self) -> float:
@@ -292,13 +292,13 @@ def capacity_figure(v: TrafficView, *, hide: bool = False, paper: bool = False) 
                                  name=f"the engine's run ({blocks_text(v.pool_blocks)} pool)", marker=dict(color=ENGINE_COLOR, size=12, symbol="diamond")))
         if paper:
             px, py = zip(*PAPER_FIGURE_9)
-            fig.add_trace(go.Scatter(x=list(px), y=list(py), name="the paper's Figure 9 (whole trace)", mode="markers",
+            fig.add_trace(go.Scatter(x=list(px), y=list(py), name="the paper's Figure 9 (whole log)", mode="markers",
                                      marker=dict(color="#7c3aed", size=9, symbol="x")))
     else:
         fig.add_annotation(text="Answer the prediction above to see the curve.", x=0.5, y=0.5, xref="paper", yref="paper",
                            showarrow=False, font=dict(size=14, color="#6b7280"))
     hi = max(xs + ([t for t, _ in PAPER_FIGURE_9] if paper and not hide else []))
-    fig.update_xaxes(type="log", title_text="cache capacity (trace tokens; blocks of 512)", tickvals=xs,
+    fig.update_xaxes(type="log", title_text="cache capacity (log tokens; blocks of 512)", tickvals=xs,
                      ticktext=[tokens_text(x) for x in xs], range=[math.log10(min(xs)) - 0.08, math.log10(hi) + 0.08])
     fig.update_yaxes(title_text="hit rate (prompt tokens)", tickformat=".0%", rangemode="tozero",
                      range=[0, max(0.45, c.unbounded * 1.25)])
@@ -324,7 +324,7 @@ def prefixes_figure(v: TrafficView) -> go.Figure:
                                  hoverinfo="skip"))
     xt = [512, 1024, 2048, 5120, 10240, 20480, 51200, 102400, 204800]
     yt = [2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
-    fig.update_xaxes(type="log", title_text="shared prefix length (trace tokens)", tickvals=xt,
+    fig.update_xaxes(type="log", title_text="shared prefix length (log tokens)", tickvals=xt,
                      ticktext=[tokens_text(x) for x in xt], showgrid=True, gridcolor="#eef0f3")
     fig.update_yaxes(type="log", title_text="requests that start with it", tickvals=yt, ticktext=[f"{y:,}" for y in yt],
                      showgrid=True, gridcolor="#eef0f3")
@@ -333,7 +333,7 @@ def prefixes_figure(v: TrafficView) -> go.Figure:
 
 
 def saved_figure(v: TrafficView, upto: int | None = None) -> go.Figure:
-    """Cumulative prompt tokens over the run: queried, served from the cache (trace tokens)."""
+    """Cumulative prompt tokens over the run: queried, served from the cache (log tokens)."""
     queried = [q * SCALE for q in v.metric("prefix_queried_tokens")]
     hits = [h * SCALE for h in v.metric("prefix_hit_tokens")]
     n = len(queried) if upto is None else upto + 1
@@ -344,7 +344,7 @@ def saved_figure(v: TrafficView, upto: int | None = None) -> go.Figure:
     fig.add_trace(go.Scatter(x=xs, y=hits[:n], name="served from the prefix cache (prefill skipped)", mode="lines",
                              fill="tozeroy", line=dict(color=LRU_COLOR, width=2)))
     fig.update_xaxes(title_text="engine step", range=[0, max(1, len(queried) - 1)])
-    fig.update_yaxes(title_text="trace tokens (cumulative)", rangemode="tozero")
+    fig.update_yaxes(title_text="log tokens (cumulative)", rangemode="tozero")
     fig = _layout(fig, "Prefill tokens saved by the cache", 320, legend=True, margin=dict(l=70, r=20, t=50, b=90))
     fig.update_layout(legend=dict(orientation="h", y=-0.3, x=0))
     return fig
@@ -366,7 +366,7 @@ def granularity_figure(v: TrafficView, *, hide: bool = False) -> go.Figure:
         fig.add_annotation(text="Answer the prediction above to see the bars.", x=0.5, y=0.5, xref="paper", yref="paper",
                            showarrow=False, font=dict(size=14, color="#6b7280"))
         fig.add_trace(go.Bar(x=labels, y=[0] * len(ks), showlegend=False))
-    fig.update_xaxes(title_text="cache block size (trace tokens)", type="category")
+    fig.update_xaxes(title_text="cache block size (log tokens)", type="category")
     fig.update_yaxes(title_text="hit rate", tickformat=".0%", rangemode="tozero",
                      range=[0, max(0.05, max((u for _, u in v.groups.values()), default=0) * 1.25)])
     fig = _layout(fig, "The same traffic in bigger blocks", 340, legend=True, margin=dict(l=70, r=20, t=50, b=100))
@@ -388,7 +388,7 @@ def prefix_tables(v: TrafficView, n: int = 8) -> tuple[list[dict], list[dict]]:
 def pool_figure_title(v: TrafficView, step: int) -> str:
     m = v.run.at(step).metrics
     return (f"The pool at step {step} of {v.run.num_steps - 1}: {v.pool_blocks:,} blocks of {BLOCK_SIZE} "
-            f"({blocks_text(v.pool_blocks)} of trace), {m.num_running} running, hit rate so far "
+            f"({blocks_text(v.pool_blocks)} of the log), {m.num_running} running, hit rate so far "
             f"{m.prefix_hit_tokens / m.prefix_queried_tokens if m.prefix_queried_tokens else 0:.1%}")
 
 
@@ -407,7 +407,7 @@ RATIO_RANGES = [("less than half as much", 0.5), ("between half and 90% as much"
 
 
 def guide_steps(v: TrafficView) -> list[GuideStep]:
-    """The walkthrough of :data:`GUIDE_WINDOW`; every number is read off the trace, the replay or
+    """The walkthrough of :data:`GUIDE_WINDOW`; every number is read off the log, the replay or
     the run. ``show``: ``figure`` (prefixes, pool, saved, curve, blocks), ``step`` (the pool's),
     ``hide`` (the figure's data while its prediction is open)."""
     c = v.curve
@@ -430,8 +430,8 @@ def guide_steps(v: TrafficView) -> list[GuideStep]:
     head_share = top.tokens * top.requests / v.prompt_tokens
     return [
         GuideStep("Real traffic", (
-            f"Mooncake's conversation trace (Kimi's production service): this window holds {n:,} requests, "
-            f"{v.minutes:.0f} minutes of traffic, with prompts of {mean_prompt:,.0f} tokens on average. The trace gives "
+            f"Mooncake's conversation log (Kimi's production service): this window holds {n:,} requests, "
+            f"{v.minutes:.0f} minutes of traffic, with prompts of {mean_prompt:,.0f} tokens on average. The log gives "
             "no text, but one hash id per 512-token prompt block, chained: two requests whose first k ids are equal "
             f"share their first k × 512 tokens. The engine replays them with every length ÷ {SCALE}, so one block of "
             f"{BLOCK_SIZE} tokens stands for one hash block."), {"figure": "prefixes"}),
@@ -441,7 +441,7 @@ def guide_steps(v: TrafficView) -> list[GuideStep]:
             f"conversation's history reused by its next turn. The most reused is the first block: {everyone} requests start with the "
             f"same {top.tokens} tokens, a system prompt."), {"figure": "prefixes"}),
         GuideStep("A cache of " + pool, (
-            f"The engine's pool holds {v.pool_blocks:,} blocks: {pool} of the trace, a production GPU's worth. "
+            f"The engine's pool holds {v.pool_blocks:,} blocks: {pool} of the log, a production GPU's worth. "
             f"Step {first_hit}: the first cache hit. The requests keep arriving at their recorded times."),
             {"figure": "pool", "step": first_hit},
             predict=Prediction(
@@ -543,10 +543,10 @@ def guided(v: TrafficView, show: dict) -> None:
 # ---------------------------------------------------------------------------- explore
 def explore_settings() -> tuple[Window, int, str]:
     c = st.columns(3)
-    window = c[0].selectbox("Window of the trace", WINDOWS, key=f"{KEY}_window", format_func=lambda w: w.label,
+    window = c[0].selectbox("Window of the log", WINDOWS, key=f"{KEY}_window", format_func=lambda w: w.label,
                             help=f"Requests in arrival order, every length ÷ {SCALE}; one engine step = "
-                                 f"{SECONDS_PER_STEP * 1000:.0f} ms of trace time.")
-    pool = c[1].selectbox("Engine pool (trace tokens)", CAPACITIES, index=CAPACITIES.index(POOL_BLOCKS),
+                                 f"{SECONDS_PER_STEP * 1000:.0f} ms of log time.")
+    pool = c[1].selectbox("Engine pool (log tokens)", CAPACITIES, index=CAPACITIES.index(POOL_BLOCKS),
                           key=f"{KEY}_pool_blocks", format_func=lambda b: f"{blocks_text(b)} ({b * BLOCK_SIZE:,} slots)")
     eviction = c[2].radio("Eviction", ("lru", "belady"), key=f"{KEY}_eviction", horizontal=True,
                           format_func=lambda e: "LRU" if e == "lru" else "Belady",
@@ -568,12 +568,12 @@ def explore(v: TrafficView) -> None:
     st.header("Hit rate against cache size")
     st.plotly_chart(capacity_figure(v, paper=True), width="stretch", key=f"{KEY}_curve", config=export.png_config(f"{KEY}-curve"))
     c = v.curve
-    st.dataframe([{"capacity (trace tokens)": blocks_text(cap), "blocks of 512": cap, "LRU": f"{lru:.1%}",
+    st.dataframe([{"capacity (log tokens)": blocks_text(cap), "blocks of 512": cap, "LRU": f"{lru:.1%}",
                    "Belady": f"{bel:.1%}"}
                   for cap, lru, bel in zip(c.capacities, c.lru, c.belady)], hide_index=True, width="stretch")
     st.caption(f"The replay of this window's hash ids (a cache of that size with nothing else in it); no limit: "
                f"{c.unbounded:.1%}. The paper's Figure 9 points are for the whole hour, whose cache keeps warming up "
-               "(see the README's prefix-capacity benchmark for the whole trace).")
+               "(see the README's prefix-capacity benchmark for the whole log).")
 
     st.header("The pool over time")
     n = v.run.num_steps
@@ -593,7 +593,7 @@ def explore(v: TrafficView) -> None:
 
 
 # ---------------------------------------------------------------------------- the page
-GUIDE_HELP = (f"A fixed walkthrough of the trace's {GUIDE_WINDOW.label}, lengths ÷ {SCALE}, blocks of {BLOCK_SIZE}, "
+GUIDE_HELP = (f"A fixed walkthrough of the log's {GUIDE_WINDOW.label}, lengths ÷ {SCALE}, blocks of {BLOCK_SIZE}, "
               f"a {POOL_BLOCKS * BLOCK_SIZE:,}-slot pool, LRU.")
 
 
@@ -601,22 +601,22 @@ def scenario(guided: bool) -> TrafficView:
     """The guide's window, pool and LRU, or the ones picked here; the replay of every cache size."""
     window, pool, eviction = (GUIDE_WINDOW, POOL_BLOCKS, "lru") if guided else explore_settings()
     try:
-        with st.spinner(f"Replaying {window.count:,} requests of the trace…"):
+        with st.spinner(f"Replaying {window.count:,} requests of the log…"):
             v = view(window, pool, eviction)
     except ConfigError as exc:
         st.error(str(exc))
         st.stop()
     if not presenter.on(KEY):
-        st.caption(f"The window: the trace's {window.label} ({len(v.rows):,} requests, {v.minutes:.0f} minutes of the "
+        st.caption(f"The window: the log's {window.label} ({len(v.rows):,} requests, {v.minutes:.0f} minutes of the "
                    f"hour), every length ÷ {SCALE} so that one engine block of {BLOCK_SIZE} tokens is one "
-                   f"512-token hash block; one engine step = {SECONDS_PER_STEP * 1000:.0f} ms of trace time. "
-                   "Capacities are in the trace's tokens (blocks × 512). The whole hour is in the README's "
+                   f"512-token hash block; one engine step = {SECONDS_PER_STEP * 1000:.0f} ms of log time. "
+                   "Capacities are in the log's tokens (blocks × 512). The whole hour is in the README's "
                    "prefix-capacity benchmark.")
     return v
 
 
 def export_files(v: TrafficView) -> Export:
-    return Export([v.run], f"Prefix cache on real traffic: the trace's {v.window.label} on {v.pool_blocks:,} blocks of "
+    return Export([v.run], f"Prefix cache on real traffic: the log's {v.window.label} on {v.pool_blocks:,} blocks of "
                   f"{BLOCK_SIZE}", "prefix-traffic")
 
 

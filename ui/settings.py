@@ -22,7 +22,7 @@ import streamlit as st
 
 from pagedkv_core.config import ConfigError, SettingSpec, setting_spec
 from pagedkv_core.workloads.hashed_log import FIELDS as HASHED_LOG_FIELDS, HASH_BLOCK
-from pagedkv_core.workloads.scenarios import DEFAULT_SECONDS_PER_STEP, LOG_COLUMNS, MAX_LOG_REQUESTS, Workload
+from pagedkv_core.workloads.scenarios import DEFAULT_SECONDS_PER_STEP, LOG_COLUMNS, MAX_BUILT_LOG_REQUESTS, Workload
 from ui import player, sessions, workshop
 from ui.runs.scripted import named_workload
 from ui.runs.session import uploaded_workload
@@ -332,7 +332,7 @@ def sidebar() -> None:
             st.session_state.setdefault(k, v)
         c = sb.columns(2)
         c[0].number_input("Skip rows", min_value=0, step=100, key="csv_start", help="Rows of the request log to skip first.")
-        c[1].number_input("Requests", min_value=1, max_value=MAX_LOG_REQUESTS, step=50, key="csv_count",
+        c[1].number_input("Requests", min_value=1, max_value=MAX_BUILT_LOG_REQUESTS, step=50, key="csv_count",
                           help="How many rows after the skipped ones become requests.")
         c = sb.columns(2)
         c[0].number_input("Log seconds per step", min_value=0.001, max_value=3600.0, step=0.01, format="%.3f",

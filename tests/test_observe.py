@@ -331,3 +331,42 @@ def test_engine_publisher_to_observer_block_for_block():
         if observer is not None:
             observer.close()
         pub.close()
+
+
+def test_an_observation_records_only_what_its_ticks_changed():
+    """The recorder stores each tick as a delta of the ranges the view's folds touched (no full
+    snapshot diffed), and every recorded step equals the display pool at that tick."""
+    import random
+
+    from pagedkv_core.observe.observation import ObservationRecorder
+    from pagedkv_core.observe.observer import ObservedBatch
+    from pagedkv_core.observe.wire import AllBlocksCleared, BlockRemoved, BlockStored
+    from pagedkv_core.record.recording import Recording
+    from pagedkv_core.record.snapshot import BLOCK_ARRAYS, SLOT_ARRAYS
+
+    rng = random.Random(7)
+    rec = Recording()
+    recorder = ObservationRecorder(rec, num_blocks=64, block_size=4)
+    live: list[int] = []
+    seen = []
+    for tick in range(60):
+        events = []
+        for _ in range(rng.randrange(4)):
+            if live and rng.random() < 0.4:
+                gone = rng.sample(live, rng.randrange(1, min(3, len(live)) + 1))
+                live = [h for h in live if h not in gone]
+                events.append(BlockRemoved(gone))
+            else:
+                hashes = [rng.getrandbits(63) for _ in range(rng.randrange(1, 4))]
+                live += hashes
+                events.append(BlockStored(hashes, None, [rng.randrange(100) for _ in range(4 * len(hashes))], 4))
+        if tick == 40:
+            events.append(AllBlocksCleared())
+            live = []
+        recorder.on_batch(ObservedBatch(t=float(tick), received=float(tick), rank=0, seq=tick, events=events, replayed=False))
+        step = recorder.tick(float(tick))
+        seen.append((step, {k: v.copy() for k, v in recorder._cache.view.arrays.items()}))
+    for step, arrays in seen:
+        snap = rec.at(step)
+        for name in (*SLOT_ARRAYS, *BLOCK_ARRAYS):
+            assert (getattr(snap, name) == arrays[name]).all(), (step, name)

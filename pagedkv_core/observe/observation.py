@@ -26,9 +26,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..events import Event
 from ..metrics import StepMetrics
-from ..record.snapshot import StepSnapshot
+from ..record.snapshot import SEQ_ARRAYS
 from .cache_state import DEFAULT_MEDIUM, CacheState, CacheView
 from .observer import ObservedBatch
 from .server_metrics import MetricsSample
@@ -44,6 +46,11 @@ UNKNOWN = (
     "partial blocks (only full blocks get a hash and an event)",
     "physical block ids (positions here are assigned by the observer)",
 )
+
+# A server tells no sequences: every tick records empty per-sequence arrays and queues.
+NO_SEQUENCES = {**{name: np.zeros(0, dtype=dtype) for name, dtype in SEQ_ARRAYS.items()},
+                "seq_table_offsets": np.zeros(1, dtype=np.int32), "seq_tables": np.zeros(0, dtype=np.int32),
+                "waiting": (), "running": (), "swapped": ()}
 
 
 def _event_of(e, rank: int, t: float) -> Event:
@@ -109,6 +116,8 @@ class ObservationRecorder:
         if set_header is not None:
             set_header({**self.header, "observation": {"kind": OBSERVATION_KIND, "unknown": list(UNKNOWN),
                                                        "medium": self.medium}})
+        view = self._cache.view  # recorded as an engine's is: the ranges its folds touched, each tick
+        self.recorder.start(view.scalars(), view.arrays, step=self.steps - 1)
 
     @property
     def overflow(self) -> int:
@@ -148,13 +157,10 @@ class ObservationRecorder:
         t = self.clock() if t is None else t
         events.append(Event(OBSERVED, -1, "", {"t": t, "cached": self._cache.num_cached, "overflow": self.overflow,
                                                 "metrics": self.metrics is not None}))
-        a = {k: v.copy() for k, v in self._cache.view.arrays.items()}
-        snap = StepSnapshot(step=self.steps, allocator="paged", block_size=self.block_size,
-                            num_slots=self.num_blocks * self.block_size, num_blocks=self.num_blocks, num_host_blocks=0,
-                            **a, events=tuple(events), metrics=self._metrics())
-        self.recorder.append(snap)
+        step = self.steps
+        self.recorder.record(step, self._cache.view.take_changes(), NO_SEQUENCES, tuple(events), self._metrics())
         self.steps += 1
-        return snap.step
+        return step
 
     def close(self, footer: dict | None = None):
         close = getattr(self.recorder, "close", None)

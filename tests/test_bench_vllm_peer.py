@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import report
 from benchmarks.bench_throughput import first_divergence, vllm_targets
-from benchmarks.vllm_peer import ThroughputServer, available, cpu_bind, group_cpu_seconds
+from benchmarks.vllm_peer import ThroughputServer, cpu_bind, group_cpu_seconds
 
 EOS = 2
 
@@ -44,10 +44,12 @@ def test_cpu_bind_takes_the_first_allowed_cores():
 
 
 def test_server_command_and_environment(tmp_path):
-    if available():
-        pytest.skip(f"vLLM is not installed here: {available()}")
-    server = ThroughputServer(8123, 2 if len(os.sched_getaffinity(0)) >= 2 else 1, tmp_path / "vllm.log")
+    venv = tmp_path / "venv"  # the command names vLLM's interpreter; nothing is started here
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    server = ThroughputServer(8123, 2 if len(os.sched_getaffinity(0)) >= 2 else 1, tmp_path / "vllm.log", venv=venv)
     cmd = server.command(Path("/model"))
+    assert cmd[0] == str(venv / "bin" / "python")
     assert cmd[cmd.index("--dtype") + 1] == "float32" and cmd[cmd.index("--block-size") + 1] == "32"
     assert "--enable-prefix-caching" in cmd and "--kv-events-config" not in cmd
     env = server.environment()

@@ -39,6 +39,23 @@ from ui import guide, presenter
 from ui.guide import GuideStep
 
 
+
+def sidebar_or_guided(guided_runs: Callable[[], Any]) -> Callable[[bool], Any]:
+    """A ``scenario`` for a lesson over the sidebar's runs: the guide's fixed runs
+    (``guided_runs()``) in guide mode, else the runs the sidebar's settings name (the page stops
+    when there are none: the sidebar has said why)."""
+    def scenario(guided: bool):
+        if guided:
+            return guided_runs()
+        from ui.runs.sidebar import current_runs  # the sidebar's layer: imported when a page draws
+
+        runs = current_runs()
+        if runs is None:
+            st.stop()
+        return runs
+
+    return scenario
+
 @dataclass(frozen=True)
 class Export:
     """A lesson's downloads: its runs' heatmaps as one animated HTML file (:mod:`ui.export`), and

@@ -13,10 +13,9 @@ from pagedkv_core.workloads.scenarios import build_workload
 from ui import export, guide, presenter
 from ui.figures import integer_ticks, legend_below, series_color, step_curves
 from ui.predict import Prediction, range_options
-from ui.lesson import Export, Lesson
+from ui.lesson import Export, Lesson, sidebar_or_guided
 from ui.runs.model import Run
 from ui.runs.scripted import scripted_pair
-from ui.runs.sidebar import current_runs
 
 KEY = "ops"
 GUIDE_WORKLOAD, GUIDE_POOL, GUIDE_BLOCK, GUIDE_SEED = "burst", 2048, 16, 0
@@ -293,16 +292,6 @@ def blocks_histograms(runs: list[Run], step: int) -> None:
         col.caption(f"mean {np.mean(alive):.1f}, max {int(np.max(alive))} {_unit(run)} per sequence")
 
 
-def scenario(guided: bool) -> list[Run]:
-    """The guide's fixed burst run, or the current runs of the sidebar's settings (stops when there are none)."""
-    if guided:
-        return guided_runs()
-    runs = current_runs()
-    if runs is None:
-        st.stop()
-    return runs
-
-
 def guide_view(runs: list[Run], show: dict) -> None:
     """A guide step: the dashboard with the step marked and the curves cut at ``upto``."""
     dashboard(runs, show["step"], show.get("upto"))
@@ -321,5 +310,6 @@ def export_files(runs: list[Run]) -> Export | None:
     return Export(runs, "Ops dashboard: the KV pools of the run", "ops") if all(r.done for r in runs) else None
 
 
-LESSON = Lesson(key=KEY, title="Ops dashboard", help=GUIDE_HELP, scenario=scenario, guide_steps=guide_steps,
+LESSON = Lesson(key=KEY, title="Ops dashboard", help=GUIDE_HELP,
+                scenario=sidebar_or_guided(guided_runs), guide_steps=guide_steps,
                 guide_view=guide_view, slide=slide, explore=explore, export=export_files)

@@ -10,13 +10,12 @@ from ui import export, guide, player, pool_view, presenter
 from ui.figures import step_curves
 from ui.pool_cells import LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.predict import Prediction, range_options
-from ui.lesson import Export, Lesson
+from ui.lesson import Export, Lesson, sidebar_or_guided
 from ui.models import tokenizer
 from ui.runs.live import REAL_MAX_TOKENS, LiveRun, live_texts
 from ui.runs.model import Run, allocator_title
 from ui.runs.scripted import scripted_pair
 from ui.runs.session import advance_live
-from ui.runs.sidebar import current_runs
 from ui.live_chart import show_chart
 
 KEY = "rop"
@@ -308,20 +307,11 @@ def explore(runs: list[Run]) -> None:
     show()
 
 
-def scenario(guided: bool) -> list[Run]:
-    """The guide's fixed runs, or the sidebar's (stops when there are none)."""
-    if guided:
-        return guided_runs()
-    runs = current_runs()
-    if runs is None:
-        st.stop()
-    return runs
-
-
 def export_files(runs: list[Run]) -> Export:
     """Each run's trace, and both runs' heatmaps as one animated HTML file."""
     return Export(runs, "Reserve or page: contiguous reservations beside paged blocks", "reserve-or-page", traces=True)
 
 
-LESSON = Lesson(key=KEY, title="Reserve or page", help=GUIDE_HELP, scenario=scenario, guide_steps=guide_steps,
+LESSON = Lesson(key=KEY, title="Reserve or page", help=GUIDE_HELP,
+                scenario=sidebar_or_guided(guided_runs), guide_steps=guide_steps,
                 guide_view=draw_step, slide=slide, explore=explore, export=export_files)

@@ -81,7 +81,7 @@ def cycles(page, url: str, speed: int, console: list[str]) -> list[tuple[int, in
             assert start == landings[-1][1], f"speed {speed}, cycle {cycle}: the step moved after Pause"
         page.locator(PLAY).click(timeout=WAIT_MS)
         assert wait_label(page, "Pause"), f"speed {speed}, cycle {cycle}: the Play press was lost ({button_label(page)!r})"
-        page.wait_for_function("([sel, s]) => +document.querySelector(sel).getAttribute('value') > s",
+        page.wait_for_function("([sel, s]) => { const e = document.querySelector(sel); return e && +e.getAttribute('value') > s; }",
                                arg=[STEP, start], timeout=WAIT_MS)  # it plays
         page.wait_for_timeout(PLAY_MS)
         page.locator(PLAY).click(timeout=WAIT_MS)

@@ -58,6 +58,8 @@ def test_presenter_mode_on_every_lesson(page):
         slides += 1
         assert not at.exception, (slides, at.exception)
         assert slide_style(at), f"slide {slides}: no presenter style sheet"
+        # a slide has no sidebar: nothing on it offers to set the sidebar (it would only push the slide down)
+        assert not [b for b in at.button if "sidebar" in (b.label or "")], (slides, [b.label for b in at.button])
         assert at.info and at.info[0].value, f"slide {slides}: no narration"
         assert any(m.value.startswith(f"**Step {slides} of ") for m in at.markdown), f"slide {slides}: no step header"
         shown = charts(at)

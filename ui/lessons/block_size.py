@@ -261,10 +261,12 @@ def calculator(all_presets: dict[str, Preset], block_size: int, fixed: Preset | 
     c[3].metric("tokens in the pool", f"{blocks * block_size:,}")
     c[4].metric("sequences at once", f"{concurrency:,}", help=f"blocks / ⌈{v['avg_len']} / {block_size}⌉ blocks per sequence")
     preset = fixed.name if fixed is not None else st.session_state.get(f"{KEY}_preset", "the calculator")
-    st.button(f"Use this pool in the sidebar ({settings.rounded_pool(blocks * block_size, int(settings.current('block_size'))):,} slots)",
-              key=f"{KEY}_use_pool", on_click=settings.use_pool, args=(blocks * block_size, f"{preset} in the calculator"),
-              help="Sets the sidebar's pool size to this pool, rounded down to whole blocks of the sidebar's block size "
-                   "(and within the sidebar's largest pool), so every page runs on it.")
+    if not presenter.on(KEY):  # a slide has no sidebar to use it in, and needs the room to end on the screen
+        pool = settings.rounded_pool(blocks * block_size, int(settings.current("block_size")))
+        st.button(f"Use this pool in the sidebar ({pool:,} slots)",
+                  key=f"{KEY}_use_pool", on_click=settings.use_pool, args=(blocks * block_size, f"{preset} in the calculator"),
+                  help="Sets the sidebar's pool size to this pool, rounded down to whole blocks of the sidebar's block size "
+                       "(and within the sidebar's largest pool), so every page runs on it.")
     if compact:
         st.markdown(f"2 (K and V) × {v['layers']} layers × {v['kv_heads']} KV heads × {v['head_dim']} × {eb} B = "
                     f"**{per_token:,} B per token**; {format_bytes(kv_bytes)} left for KV after the weights and the "

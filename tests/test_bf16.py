@@ -50,6 +50,16 @@ def test_cpu_supports_bf16_matches_this_machine():
     assert model_pkg.cpu_supports_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
+def test_cpu_flags_env_hides_flags_and_never_adds_one(monkeypatch):
+    """PAGEDKV_CPU_FLAGS keeps only the flags it names, so a run can behave as on an AVX2-only CPU."""
+    monkeypatch.setattr(model_pkg, "_proc_cpuinfo_flags", lambda: {"fpu", "avx2", "fma", "avx512f", "avx512_bf16"})
+    monkeypatch.setenv(model_pkg.CPU_FLAGS_ENV, "avx2,fma amx_bf16")
+    assert model_pkg._cpuinfo_flags() == {"avx2", "fma"}  # amx_bf16 is not there to keep
+    assert model_pkg.cpu_supports_bf16() is False
+    monkeypatch.delenv(model_pkg.CPU_FLAGS_ENV)
+    assert model_pkg.cpu_supports_bf16() is True
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """The first position where the two token lists differ (None: one is a prefix of the other)."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)

@@ -1,11 +1,27 @@
 """The real model: loader, our Llama forward over the paged pool, the runner and its sampler."""
 from __future__ import annotations
 
+import os
+
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+CPU_FLAGS_ENV = "PAGEDKV_CPU_FLAGS"
 
 
 def _cpuinfo_flags() -> set[str] | None:
-    """The CPU flags from ``/proc/cpuinfo`` (None where there is no such file: not Linux)."""
+    """The CPU flags from ``/proc/cpuinfo`` (None where there is no such file: not Linux).
+
+    ``PAGEDKV_CPU_FLAGS`` (space- or comma-separated) keeps only those of the real flags, so that
+    a run can behave as on a CPU that lacks the others: ``PAGEDKV_CPU_FLAGS="avx2 fma"`` with
+    ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` (which cap torch's own kernels) is how the
+    README's test section emulates an AVX2-only machine. It can hide a flag, never add one."""
+    flags = _proc_cpuinfo_flags()
+    keep = os.environ.get(CPU_FLAGS_ENV)
+    if flags is None or keep is None:
+        return flags
+    return flags & set(keep.replace(",", " ").split())
+
+
+def _proc_cpuinfo_flags() -> set[str] | None:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -1,4 +1,7 @@
-"""Every bad command-line input of issue 13, as ``python -m pagedkv_core ...`` in a subprocess.
+"""Every bad command-line input of issue 13, through the CLI's ``main(argv)``: in this process for
+the table (a fresh ``python -m pagedkv_core`` costs 0.5-3 s of interpreter and imports per case),
+and in a real subprocess for one case of each command (:data:`IN_A_PROCESS`), the trace-file
+checks, the rejections' printed table and the checks that must cost no torch.
 
 A bad input exits with code 2 and exactly one line on stderr, starting with "error:", before
 anything big is allocated: no traceback, no MemoryError after 40 s, no hang (:data:`TIMEOUT_S`),
@@ -11,8 +14,10 @@ for the model here), against ``PAGEDKV_MEMORY_BUDGET``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -239,6 +244,39 @@ def run_cli(args: list[str], files: Path, env: dict | None = None, timeout: floa
     return proc, time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def hang_guard(seconds: float = TIMEOUT_S):
+    """Fail the test, rather than hang the suite, if the code inside runs past ``seconds``."""
+    def expire(signum, frame):
+        raise TimeoutError(f"the command ran past {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(int(seconds))
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_main(args: list[str], files: Path, env: dict, capsys, monkeypatch) -> subprocess.CompletedProcess:
+    """``main(argv)`` in this process, with ``env`` set: what it returned, printed and wrote to
+    stderr, as a subprocess's result."""
+    from pagedkv_core.cli import main
+
+    argv = [a.replace("{d}", str(files)) for a in args]
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    with hang_guard():
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # what `python -m` would turn into its exit status
+            rc = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, rc, out.out, out.err)
+
+
 def check_one_line_error(proc, elapsed: float, fragment: str) -> None:
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout == ""
@@ -248,7 +286,19 @@ def check_one_line_error(proc, elapsed: float, fragment: str) -> None:
 
 
 @pytest.mark.parametrize("args, fragment, env", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
-def test_bad_input_is_one_line_and_exit_2(files, args, fragment, env):
+def test_bad_input_is_one_line_and_exit_2(files, args, fragment, env, capsys, monkeypatch):
+    check_one_line_error(run_main(args, files, env, capsys, monkeypatch), 0.0, fragment)
+
+
+# One case of each command (and of generate's model-less pool plan), in a real ``python -m
+# pagedkv_core``: the exit status and the stderr line a shell sees.
+IN_A_PROCESS = ["sim-pool-1e9", "wl-deep", "gen-pool-over-budget", "gen-max-tokens-1e9", "replay-deep", "no-command",
+                "unknown-flag"]
+
+
+@pytest.mark.parametrize("args, fragment, env", [c[1:] for c in BAD if c[0] in IN_A_PROCESS],
+                         ids=[c[0] for c in BAD if c[0] in IN_A_PROCESS])
+def test_bad_input_in_a_real_process(files, args, fragment, env):
     proc, elapsed = run_cli(args, files, env)
     check_one_line_error(proc, elapsed, fragment)
 
@@ -266,8 +316,8 @@ def test_cuda_without_a_gpu_is_one_line(files):
 
 
 @pytest.mark.parametrize("name", list(REJECTIONS))
-def test_a_bad_request_is_rejected_while_the_others_run(files, name):
-    proc, elapsed = run_cli(["simulate", "--workload-file", f"{{d}}/reject_{name}.json", "--json"], files)
+def test_a_bad_request_is_rejected_while_the_others_run(files, name, capsys, monkeypatch):
+    proc = run_main(["simulate", "--workload-file", f"{{d}}/reject_{name}.json", "--json"], files, {}, capsys, monkeypatch)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
     s = json.loads(proc.stdout)
     assert s["rejected"] == [{"id": "bad", "reason": REJECTION_REASONS[name]}]

@@ -92,6 +92,7 @@ class Engine:
         self.num_rejected = 0
         self._rejected: list[dict] = []
         self._doomed: dict[str, str] = {}  # request id -> why it will be rejected on arrival
+        self.last_seqs: dict | None = None  # the last step's seq_arrays (the live sequences after it)
         source.bind(self.allocator.num_slots, self.allocator.num_host_slots)
 
     # ------------------------------------------------------------------ requests
@@ -228,9 +229,11 @@ class Engine:
             self.scheduler.add(self.scheduler.new_sequence(request, 0, list(request.prompt_token_ids), fork_into=n))
 
     # ------------------------------------------------------------------ stepping
-    def step(self, snapshot: bool = True) -> tuple[list[RequestOutput], StepSnapshot | None]:
+    def step(self, snapshot: bool = True, outputs: bool = True) -> tuple[list[RequestOutput], StepSnapshot | None]:
         """One scheduled step. Returns its outputs and, unless ``snapshot=False``, a full
-        :class:`StepSnapshot` (with a recording attached, the step is recorded either way)."""
+        :class:`StepSnapshot` (with a recording attached, the step is recorded either way).
+        ``outputs=False``: a caller that reads no outputs (a replay) gets ``[]``; the step is the
+        same (finished requests are counted, and forgotten under :meth:`feed`)."""
         if snapshot and self.view is None:
             raise ValueError("this engine keeps no pool view (snapshots=False, no recording): call step(snapshot=False)")
         step = self.step_index
@@ -254,14 +257,14 @@ class Engine:
         counts, after = sched.complete(plan, results)
         if not batch.seqs and not sched.touched and sched.has_work() and not self._pending:
             raise RuntimeError(f"engine made no progress at step {step}: {sched.waiting[:3]} {sched.swapped[:3]}")
-        outputs = self._outputs()
+        outputs = self._outputs(outputs)
         alloc = self.allocator
         head_need = alloc.admission_slots(sched.waiting[0]) if alloc.capabilities.fragmentation and sched.waiting else 0
         if alloc.capabilities.fragmentation:
             alloc.update_fragmentation(head_need)
-        seqs = seq_arrays(alloc, sched)
+        seqs = self.last_seqs = seq_arrays(alloc, sched)
         events = (*self._arrivals, *plan.events, *after)
-        skipped = self._idle_ahead(step, batch, events, outputs)
+        skipped = self._idle_ahead(step, batch, events)
         metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"], head_need, skipped)
         self.stats.add(metrics)
         self._arrivals.clear()
@@ -280,10 +283,10 @@ class Engine:
         self.step_index += 1 + skipped
         return outputs, snap
 
-    def _idle_ahead(self, step: int, batch, events, outputs) -> int:
+    def _idle_ahead(self, step: int, batch, events) -> int:
         """With ``skip_idle``: the steps after an idle ``step`` (it did nothing and nothing is
         left to do) until the next arrival; 0 otherwise."""
-        if not self.skip_idle or batch.seqs or events or outputs or self.scheduler.has_work():
+        if not self.skip_idle or batch.seqs or events or self.scheduler.touched or self.scheduler.has_work():
             return 0
         if batch.swap_out or batch.swap_in or batch.copies:
             return 0
@@ -326,7 +329,17 @@ class Engine:
         return self.summary()
 
     # ------------------------------------------------------------------ reporting
-    def _outputs(self) -> list[RequestOutput]:
+    def _outputs(self, build: bool = True) -> list[RequestOutput]:
+        """The touched requests' outputs, in submission order (``build=False``: none, the
+        finished are only counted and released)."""
+        if not build:
+            for request in self.scheduler.touched:
+                finished = request.reject_reason is None and request.finished
+                if finished:
+                    self.num_finished += 1
+                if (finished or request.reject_reason is not None) and self._release_finished:
+                    self._release(request)
+            return []
         sampled = self.scheduler.sampled
         outputs = []
         for request in sorted(self.scheduler.touched, key=lambda r: r.index):
@@ -338,12 +351,11 @@ class Engine:
                 if self._release_finished:
                     self._release(request)
                 continue
-            outs = []
-            for s in request.seqs:
-                tokens = s.token_ids
-                new = [tokens[-1]] if s.seq_id in sampled else []
-                outs.append(CompletionOutput(s.sample_index, TokenIds(tokens, s.num_prompt_tokens, len(tokens)), new,
-                                             s.finish_reason))
+            outs = [
+                CompletionOutput(s.sample_index, TokenIds(s.token_ids, s.num_prompt_tokens, len(s.token_ids)),
+                                 [s.token_ids[-1]] if s.seq_id in sampled else [], s.finish_reason)
+                for s in request.seqs
+            ]
             finished = request.finished
             if finished:
                 self.num_finished += 1

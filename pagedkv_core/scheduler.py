@@ -42,7 +42,7 @@ from .sequence import FINISH_LENGTH, FINISH_STOP, Request, Sequence, SequenceSta
 _ORDER = lambda s: s.order  # noqa: E731  (FCFS key: request index, sample index)
 
 
-@dataclass
+@dataclass(slots=True)
 class Work:
     """One sequence's share of a step: ``count`` tokens from position ``start``; ``num_samples``
     tokens to sample at its end (0: a prefill chunk that samples nothing)."""
@@ -128,22 +128,28 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         """1. Running sequences: room for this step's tokens, preempting the youngest."""
-        running = self.running
+        running, chosen, try_append = self.running, plan.chosen, self.allocator.try_append
+        budget = plan.budget
         i = 0
-        while i < len(running) and plan.budget > 0:
+        while i < len(running) and budget > 0:
             seq = running[i]
-            count = min(len(seq.token_ids) - seq.num_computed, plan.budget)
-            if not self._make_room(seq, count, plan):
-                continue  # seq itself left the running list
-            plan.chosen.append((seq, count))
-            plan.budget -= count
+            count = len(seq.token_ids) - seq.num_computed
+            if count > budget:
+                count = budget
+            growth = try_append(seq, count)
+            if growth is None or growth.copies or growth.events:  # short of blocks, or growth to note
+                if not self._make_room(seq, count, plan, growth):
+                    continue  # seq itself left the running list
+            chosen.append((seq, count))
+            budget -= count
             i += 1
+        plan.budget = budget
 
-    def _make_room(self, seq: Sequence, count: int, plan: StepPlan) -> bool:
-        """Room for ``count`` more tokens of running ``seq``, preempting from the running list's
-        tail while the pool is short. False when ``seq`` itself had to go."""
+    def _make_room(self, seq: Sequence, count: int, plan: StepPlan, growth) -> bool:
+        """Room for ``count`` more tokens of running ``seq`` (``growth``: what ``try_append`` just
+        answered), preempting from the running list's tail while the pool is short. False when
+        ``seq`` itself had to go."""
         alloc, running = self.allocator, self.running
-        growth = alloc.try_append(seq, count)
         while growth is None:
             if len(running) == 1:
                 # Alone and still no room: the sequence has outgrown the whole pool.
@@ -214,7 +220,7 @@ class Scheduler:
         """4. The batch: what the token source computes for each chosen sequence."""
         alloc, counts = self.allocator, plan.counts
         prefill = decode = 0
-        seqs = plan.batch.seqs
+        add_seq, add_work = plan.batch.seqs.append, plan.work.append
         slots_for, block_table = alloc.slots_for, alloc.table_view
         for seq, count in plan.chosen:
             start = seq.num_computed
@@ -224,7 +230,7 @@ class Scheduler:
             num_samples = seq.fork_into if end == num_tokens else 0
             request = seq.request
             num_out = num_tokens - seq.num_prompt_tokens
-            seqs.append(
+            add_seq(
                 SeqWork(
                     seq.seq_id,
                     request.request_id,
@@ -239,7 +245,7 @@ class Scheduler:
                     request.output_len,
                 )
             )
-            plan.work.append(Work(seq, start, count, num_samples))
+            add_work(Work(seq, start, count, num_samples))
             if count == 1 and num_out > 0 and end == num_tokens:
                 decode += 1
             else:
@@ -255,18 +261,30 @@ class Scheduler:
         events: list[Event] = []
         finished: list[Sequence] = []
         generated = 0
+        mark_written, get = alloc.mark_written, new_tokens.get
+        touched, sampled, stop_reason = self.touched.add, self.sampled.add, self._stop_reason
         for w in plan.work:
             seq = w.seq
-            alloc.mark_written(seq, w.start, w.count)
+            mark_written(seq, w.start, w.count)
             seq.num_computed = w.start + w.count
             if w.num_samples == 0:
                 continue
-            tokens = new_tokens.get(seq.seq_id)
+            tokens = get(seq.seq_id)
             if tokens is None or len(tokens) != w.num_samples:
                 raise RuntimeError(
                     f"token source returned {tokens!r} for sequence {seq.seq_id}; expected {w.num_samples} token(s)"
                 )
-            self.touched.add(seq.request)
+            touched(seq.request)
+            if w.num_samples == 1:  # the usual case: one token, no fork
+                token = int(tokens[0])
+                seq.token_ids.append(token)
+                sampled(seq.seq_id)
+                generated += 1
+                reason = stop_reason(seq, token)
+                if reason is not None:
+                    finished.append(seq)
+                    seq.finish_reason = reason
+                continue
             samples = [seq] + self._fork(seq, w.num_samples, events)
             for sample, token in zip(samples, tokens):
                 sample.token_ids.append(int(token))

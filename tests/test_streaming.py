@@ -179,3 +179,34 @@ def test_without_a_recording_an_idle_stretch_costs_one_step():
         calls += 1
     assert calls == 3 and engine.step_index == 900_001
     assert engine.summary().steps == 900_001
+
+
+def test_a_step_without_outputs_is_the_same_step():
+    """step(outputs=False) (a replay that reads no outputs): the same recording, counts and
+    summary, and a fed run still forgets its finished requests."""
+    class Fed:  # what feed() takes: an arrival step and a submit
+        def __init__(self, rid: str, prompt: list[int], answer: int, arrival_step: int):
+            self.rid, self.prompt, self.answer, self.arrival_step = rid, prompt, answer, arrival_step
+
+        def submit(self, engine: Engine) -> None:
+            add(engine, self.rid, self.prompt, output_len=self.answer, arrival_step=self.arrival_step)
+
+    feed = [Fed(f"r{i}", list(range(3, 7 + i % 5)), 1 + i % 4, i * 3) for i in range(60)]
+    feed.insert(2, Fed("bad", [], 1, 5))  # rejected: an empty prompt
+
+    def run(outputs: bool) -> tuple:
+        engine = Engine(EngineConfig(pool_slots=256, block_size=4), ScriptedSource(), recording=Recording(), skip_idle=True)
+        engine.feed(sorted(feed, key=lambda f: f.arrival_step))  # finished requests are forgotten
+        returned = 0
+        while engine.has_unfinished():
+            returned += len(engine.step(snapshot=False, outputs=outputs)[0])
+            engine.check_invariants()
+        rec = engine.recording
+        summary = {k: v for k, v in engine.summary().to_json().items() if "execute" not in k}
+        metrics = [dataclasses.replace(rec.metrics(s), execute_s=0.0) for s in rec.steps]
+        return returned, summary, metrics, engine.num_finished, len(engine.requests), len(engine.scheduler.seqs)
+
+    full, bare = run(True), run(False)
+    assert full[0] > 0 and bare[0] == 0
+    assert full[1:] == bare[1:]
+    assert bare[3] == 60 and bare[4] == bare[5] == 0

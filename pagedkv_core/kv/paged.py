@@ -185,6 +185,13 @@ class BlockManager:
 
     def try_append(self, seq: Sequence, num_tokens: int = 1) -> Growth | None:
         """Room for ``num_tokens`` more tokens when the free blocks allow (None: they do not)."""
+        table = self.tables[seq.seq_id]
+        start = seq.num_computed
+        n = len(table)
+        if start + num_tokens <= n * self.block_size:  # fits the blocks held: only a shared one needs work
+            j = start // self.block_size
+            if j >= n or self.pool.blocks[table[j]].ref_count <= 1:
+                return NO_GROWTH
         need = self.blocks_needed(seq, num_tokens)
         if not need:
             return NO_GROWTH
@@ -226,6 +233,16 @@ class BlockManager:
         table, bs = self.tables[seq.seq_id], self.block_size
         tokens = seq.token_ids
         fill, blocks, log = self.fill, self.pool.blocks, self.changes
+        if count == 1 and (start + 1) % bs:  # a decode that leaves its block not full: one slot
+            j = start // bs
+            b = table[j]
+            off = start - j * bs
+            if fill[b] == off and blocks[b].ref_count == 1:
+                if log.active:
+                    log.filled(b, off, tokens[start:start + 1])
+                fill[b] = off + 1
+                self.filled_slots += 1
+                return
         end = start + count
         pos = start
         while pos < end:

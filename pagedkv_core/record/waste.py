@@ -89,8 +89,10 @@ class WasteAccumulator:
         from .snapshot import seq_arrays
 
         alloc = engine.allocator
-        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seq_arrays(alloc, engine.scheduler),
-                      engine.view.block_ref)
+        seqs = getattr(engine, "last_seqs", None)  # the step already built them
+        if seqs is None:
+            seqs = seq_arrays(alloc, engine.scheduler)
+        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seqs, engine.view.block_ref)
 
     def add_step(self, kind: str, num_slots: int, block_size: int, metrics, seqs, block_ref) -> None:
         """One step from its parts: ``kind`` ("paged" | "contiguous"), the pool's slots, the

@@ -69,8 +69,9 @@ class ScriptedSource:
                 continue
             pos = work.num_output_tokens
             rid = work.request_id
-            if n == 1:
-                out[work.seq_id] = [scripted_token(rid, work.sample_index, pos)]
+            if n == 1:  # scripted_token, inlined for the common case
+                x = splitmix64((_request_key(rid) + work.sample_index * 0x9E3779B97F4A7C15 + (pos << 20)) & _MASK)
+                out[work.seq_id] = [FIRST_TOKEN + x % (VOCAB_SIZE - FIRST_TOKEN)]
             else:
                 out[work.seq_id] = [scripted_token(rid, i, pos) for i in range(n)]
         return out

@@ -27,7 +27,9 @@ MAX_TOKENS = 32
 # Measured on a Xeon with AMX-BF16 (one thread): three answers identical to transformers' (one of
 # them 8 tokens long), the fourth parts at token 17, on an exact tie in transformers' logits.
 # On 16 more chat prompts x 64 tokens the first divergence was at 0 (a 0.125 tie), 2, 4, 7, 10,
-# 12, 13, 17, 32, 38, 58, 61 or never (6 prompts). Other CPUs round differently: ask for 8.
+# 12, 13, 17, 32, 38, 58, 61 or never (6 prompts). Other CPUs round differently: under an emulated
+# AVX2-only CPU (README: Tests) "Why is the sky blue?" parts at token 1, on a 0.125 tie. So every
+# parting must be at a near tie, and at least half of the answers agree for 8 tokens.
 MIN_AGREED_TOKENS = 8
 # Where the answers part, transformers' logit of our token is at most this far below its top-1
 # (bf16 logits of SmolLM2 are ~10-30, where one bf16 rounding step is 0.0625-0.125).
@@ -108,8 +110,9 @@ def test_bf16_greedy_agrees_with_transformers_bf16(runs, record_property):
                        "hf_margin_of_our_token": margin})
     record_property("bf16_vs_transformers", report)
     print("\nbf16 greedy vs transformers bf16:", *(f"  {r}" for r in report), sep="\n")
-    assert all(r["agreed"] >= min(MIN_AGREED_TOKENS, len(b)) for r, b in zip(report, theirs)), report
     assert all(r["hf_margin_of_our_token"] is None or r["hf_margin_of_our_token"] <= NEAR_TIE for r in report), report
+    long_agreements = sum(r["agreed"] >= min(MIN_AGREED_TOKENS, len(b)) for r, b in zip(report, theirs))
+    assert 2 * long_agreements >= len(report), report
 
 
 @pytest.mark.slow

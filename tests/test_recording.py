@@ -256,3 +256,62 @@ def test_at_without_copy_gives_read_only_views_that_follow_the_cursor():
     with pytest.raises(ValueError):
         view.slot_token[0] = 1
     assert rec.at(21, copy=False) == snaps[21] and rec.at(3) == snaps[3]
+
+
+# ---------------------------------------------------------------------------- idle runs
+def _gapped_run(skip_idle: bool, keyframe_every: int | None = None):
+    """Requests with long gaps between them (steps 3-49 and 55-199 have nothing to do): the
+    engine's snapshots of every step and its recording."""
+    engine = Engine(EngineConfig(pool_slots=512, block_size=4), ScriptedSource(),
+                    recording=Recording(keyframe_every), skip_idle=skip_idle)
+    add(engine, "a", [5, 6, 7, 8], 3, arrival_step=0)
+    add(engine, "b", [9, 10, 11], 2, arrival_step=50)
+    add(engine, "c", [12, 13], 4, arrival_step=51)
+    add(engine, "d", [14, 15, 16], 2, arrival_step=200)
+    snaps = {}
+    while engine.has_unfinished():
+        before = engine.step_index
+        snap = engine.step()[1]
+        snaps[before] = snap
+    return engine.recording, snaps
+
+
+@pytest.mark.parametrize("keyframe_every", [None, 8])
+def test_an_idle_stretch_is_one_record_and_every_step_in_it_rebuilds(keyframe_every):
+    rec, snaps = _gapped_run(True, keyframe_every)
+    plain, every = _gapped_run(False, keyframe_every)
+    assert rec.num_steps == plain.num_steps == 202
+    runs = rec.idle_runs()
+    assert [n for _, n in runs] == [46, 144] and [s for s, _ in runs] == [4, 56]  # after the steps that say idle_skipped
+    assert rec.num_records == 202 - 45 - 143
+    assert rec.metrics(3).idle_skipped == 46 and rec.metrics(10).idle_skipped == 0
+    for s in rec.steps:  # every step, inside a run too, equals the engine's own
+        want = plain.at(s)
+        got = rec.at(s)
+        assert got.step == s and got.events == want.events
+        assert all(np.array_equal(getattr(got, f), getattr(want, f)) for f in ("slot_state", "slot_owner", "slot_token",
+                                                                               "block_state", "block_ref", "seq_id"))
+    for s in (200, 57, 150, 4, 0, 201, 100, 49, 8, 16):  # backwards, across runs and keyframes
+        assert rec.at(s) == snaps.get(s, rec.at(s)) and rec.at(s).slot_token.tolist() == plain.at(s).slot_token.tolist()
+    for s, snap in snaps.items():  # the steps the engine took (it skipped the rest)
+        assert rec.at(s) == snap
+    series = rec.metrics_series("idle_skipped")
+    assert len(series) == 202 and series[3] == 46 and series.sum() == 46 + 144
+    assert [rec.events(s) for s in rec.steps] == [plain.events(s) for s in plain.steps]
+
+
+def test_an_idle_run_replays_into_another_recording_as_one_run():
+    rec, _ = _gapped_run(True)
+    copy = rec.replay_into(Recording())
+    assert copy.idle_runs() == rec.idle_runs() and copy.num_records == rec.num_records
+    assert all(copy.at(s) == rec.at(s) for s in rec.steps)
+    with pytest.raises(ValueError, match="first step"):
+        _fresh_started().append_idle(3, rec.metrics(5))
+    with pytest.raises(ValueError, match="covers"):
+        copy.append_idle(0, rec.metrics(5))
+
+
+def _fresh_started() -> Recording:
+    out = Recording()
+    out.start({"allocator": "paged", "block_size": 4, "num_slots": 16, "num_blocks": 4, "num_host_blocks": 0})
+    return out

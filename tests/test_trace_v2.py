@@ -1,5 +1,6 @@
-"""Trace format version 2 (streamed keyframes and deltas), version-1 compatibility, one-line
-errors for every malformed input, and the ``replay`` command."""
+"""Trace format versions 3 (today's: a compact record stream, idle runs) and 2 (streamed
+keyframes and deltas), version-1 compatibility, one-line errors for every malformed input, and
+the ``replay`` command."""
 from __future__ import annotations
 
 import argparse
@@ -60,19 +61,20 @@ def with_record(obj: dict, data: bytes) -> dict:
 
 
 # ---------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("allocator", ["paged", "contiguous"])
-def test_v2_round_trip_gives_equal_snapshots_and_header(tmp_path, allocator):
+def test_round_trip_gives_equal_snapshots_and_header(tmp_path, allocator, version):
     engine = engine_for("shared_preamble", allocator=allocator)
     snaps = []
     while engine.has_unfinished():
         snaps.append(engine.step()[1])
     header = {**engine.trace_header(), "workload": "shared_preamble"}
-    path = write_trace(tmp_path / "t.jsonl", snaps, header)
+    path = write_trace(tmp_path / "t.jsonl", snaps, header, version=version)
     got_header, got = read_trace(path)
     assert got_header == json.loads(json.dumps(header))
     assert got == snaps
     lines = lines_of(path)
-    assert lines[0]["version"] == 2 and lines[0]["pool"]["num_slots"] == snaps[0].num_slots
+    assert lines[0]["version"] == version and lines[0]["pool"]["num_slots"] == snaps[0].num_slots
     assert [o["type"] for o in lines[1:3]] == ["delta", "keyframe"] and lines[-1] == {"type": "end", "steps": len(snaps)}
     k = lines[0]["keyframe_every"]
     assert [o["step"] for o in lines if o["type"] == "keyframe"] == list(range(0, len(snaps), k))
@@ -135,7 +137,8 @@ def test_a_trace_cut_short_loads_up_to_its_last_whole_line(tmp_path, burst):
 
 # ---------------------------------------------------------------------------- malformed input
 def valid_lines(snaps, header, tmp_path) -> list[dict]:
-    return lines_of(write_trace(tmp_path / "ok.jsonl", snaps[:40], header))
+    """A version-2 trace's lines (each record deflated on its own, so one can be rewritten)."""
+    return lines_of(write_trace(tmp_path / "ok.jsonl", snaps[:40], header, version=2))
 
 
 def corrupt_record(lines, kind, index, change) -> list[dict]:
@@ -165,7 +168,7 @@ CASES = {
     "bad base64": (lambda ls: [*ls[:1], {**ls[1], "data": "@@not base64@@"}, *ls[2:]], "not base64"),
     "not zlib": (lambda ls: [*ls[:1], {**ls[1], "data": base64.b64encode(b"plain").decode()}, *ls[2:]], "not zlib"),
     "short record": (lambda ls: [*ls[:3], with_record(ls[3], record_bytes(ls[3])[:-4]), *ls[4:]], "add up to"),
-    "unknown version": (lambda ls: header_change(ls, version=3), "version 3"),
+    "unknown version": (lambda ls: header_change(ls, version=4), "version 4"),
     "version true": (lambda ls: header_change(ls, version=True), "version True"),
     "block_size 0": (lambda ls: pool_change(ls, block_size=0), "block_size"),
     "huge pool": (lambda ls: pool_change(ls, num_slots=1 << 40), "num_slots"),
@@ -356,3 +359,83 @@ def test_replay_through_the_command_line(tmp_path, burst, capsys):
     assert cli.main(["replay", str(path), "--step", "100000"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------- version 3
+def gapped_recording() -> Recording:
+    """A run with two idle stretches (steps 4-49 and 56-199 repeat the step before them)."""
+    engine = Engine(EngineConfig(pool_slots=512, block_size=4), ScriptedSource(), recording=Recording(), skip_idle=True)
+    for rid, prompt, out, arrive in (("a", [5, 6, 7, 8], 3, 0), ("b", [9, 10, 11], 2, 50), ("c", [12, 13], 4, 51),
+                                     ("d", [14, 15, 16], 2, 200)):
+        engine.add_request(rid, prompt, arrival_step=arrive, output_len=out)
+    while engine.has_unfinished():
+        engine.step(snapshot=False)
+    return engine.recording
+
+
+def test_v3_writes_an_idle_stretch_as_one_line_and_loads_every_step_back(tmp_path):
+    rec = gapped_recording()
+    path = write_recording(tmp_path / "idle.jsonl", rec, {"workload": "gaps"})
+    lines = lines_of(path)
+    assert lines[0]["version"] == 3 and lines[0]["encoding"] == trace.ENCODING_V3
+    idle = [(o["step"], o["steps"]) for o in lines if o["type"] == "idle"]
+    # steps 3 and 55 change nothing either, but their metrics say idle_skipped: one-step idle lines
+    assert idle == [(3, 1), (4, 46), (55, 1), (56, 144)] and rec.idle_runs() == [(4, 46), (56, 144)]
+    assert sum(o["type"] == "delta" for o in lines) == 202 - 48 - 144 and lines[-1] == {"type": "end", "steps": 202}
+    _, back = load_recording(path)
+    assert back.idle_runs() == rec.idle_runs() and all(back.at(s) == rec.at(s) for s in rec.steps)
+    v2 = write_recording(tmp_path / "idle2.jsonl", rec, version=2)  # version 2: a line a step, as it always had
+    assert sum(o["type"] == "delta" for o in lines_of(v2)) == 202
+    _, back2 = load_recording(v2)
+    assert back2.idle_runs() == rec.idle_runs() and all(back2.at(s) == rec.at(s) for s in (0, 3, 4, 30, 49, 50, 150, 201))
+
+
+def test_v3_is_smaller_than_v2_and_a_cut_trace_loads_to_its_last_whole_line(tmp_path, burst):
+    snaps, header = burst
+    v2 = write_trace(tmp_path / "v2.jsonl", snaps, header, version=2)
+    v3 = write_trace(tmp_path / "v3.jsonl", snaps, header)
+    assert v3.stat().st_size < 0.6 * v2.stat().st_size
+    text = v3.read_text()
+    v3.write_text(text[: text.index('"type":"delta","step":70') - 30])  # in the middle of step 69's line
+    got_header, rec = load_recording(v3)
+    assert got_header["truncated"] is True and rec.num_steps == 69 and rec.last() == snaps[68]
+
+
+def v3_lines(snaps, header, tmp_path) -> list[dict]:
+    return lines_of(write_trace(tmp_path / "ok3.jsonl", snaps[:40], header))
+
+
+V3_CASES = {
+    "bad base64": (lambda ls: [*ls[:3], {**ls[3], "data": "@@"}, *ls[4:]], "not base64"),
+    "not deflate": (lambda ls: [*ls[:3], {**ls[3], "data": base64.b64encode(b"\xff\xff\xff\xff").decode()}, *ls[4:]], "deflate"),
+    "a delta left out": (lambda ls: [*ls[:3], *ls[4:]], "does not follow|deflate|record"),
+    "lines swapped": (lambda ls: [*ls[:3], {**ls[4], "step": 2}, {**ls[3], "step": 3}, *ls[5:]], "record|deflate|out of range|values|ids|keeps"),
+    "idle first": (lambda ls: [ls[0], {"type": "idle", "step": 0, "steps": 3, "metrics": ls[1]["metrics"]}, *ls[1:]], "idle run"),
+    "idle steps 0": (lambda ls: [*ls[:3], {"type": "idle", "step": 1, "steps": 0, "metrics": ls[3]["metrics"]}], "covers"),
+    "idle steps str": (lambda ls: [*ls[:3], {"type": "idle", "step": 1, "steps": "9", "metrics": ls[3]["metrics"]}], "covers"),
+    "idle step gap": (lambda ls: [*ls[:3], {"type": "idle", "step": 7, "steps": 2, "metrics": ls[3]["metrics"]}], "does not follow"),
+    "idle huge": (lambda ls: [*ls[:3], {"type": "idle", "step": 1, "steps": 1 << 60, "metrics": ls[3]["metrics"]}], "covers"),
+    "wrong encoding": (lambda ls: header_change(ls, encoding="zlib+base64"), "encoding"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(V3_CASES))
+def test_malformed_v3_traces_raise_one_line_trace_errors(tmp_path, burst, case):
+    snaps, header = burst
+    make, fragment = V3_CASES[case]
+    path = tmp_path / "bad3.jsonl"
+    write_lines(path, make(v3_lines(snaps, header, tmp_path)))
+    with pytest.raises(TraceError, match=fragment) as info:
+        load_recording(path)
+    assert "\n" not in str(info.value)
+
+
+def test_v3_file_records_round_trip_any_values():
+    from pagedkv_core.record.stream_codec import pack_file_record, unpack_file_record
+
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        values = {name: rng.integers(np.iinfo(dt).min if dt.kind == "i" else 0, np.iinfo(dt).max, size=int(rng.integers(0, 9)),
+                                     dtype=dt, endpoint=True) for name, dt in STEP_FIELDS.items()}
+        record = pack(STEP_FIELDS, values)
+        assert unpack_file_record(STEP_FIELDS, pack_file_record(STEP_FIELDS, record)) == record

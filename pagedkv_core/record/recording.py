@@ -21,6 +21,12 @@ each at 1M slots. Measured (a generated workload, 1,000 requests, prompts ~800 a
 ~200 tokens, Poisson arrivals): 5,000 steps at 262,144 slots hold 108 MB (22 KB a step, 210 MB
 peak RSS for the whole process); at 1,048,576 slots a random ``at()`` takes about 20 ms.
 
+Idle stretches. A step that changes nothing (no pool entry, row, table, queue or event: what
+``Engine(skip_idle=True)`` records for each step of an idle stretch) is no new record: it starts
+or extends a *run* (one record, its metrics, the steps it covers; :meth:`Recording.idle_runs`).
+``at(step)`` inside a run is the run's state at that step; a run takes no keyframes. A run
+comes in step by step (the engine), or whole (:meth:`Recorder.append_idle`: a trace's idle line).
+
 How a run gets in:
 
 - the engine, with ``Engine(config, source, recording=rec)``: ``start(scalars, arrays)`` once
@@ -34,6 +40,7 @@ How a run gets in:
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field, fields
 from itertools import chain
 
@@ -42,7 +49,7 @@ import numpy as np
 from ..events import Event
 from ..metrics import StepMetrics
 from .snapshot import BLOCK_ARRAYS, SCALAR_FIELDS, SLOT_ARRAYS, StepSnapshot
-from .step_codec import SEQ_STATE_ARRAYS, STEP_FIELDS, StepState, decode_events, ranges, unpack
+from .step_codec import SEQ_STATE_ARRAYS, STEP_FIELDS, StepState, decode_events, ranges, repeat_record, repeats, unpack
 
 KEYFRAME_BYTES_PER_STEP = 16 << 10
 MIN_KEYFRAME_EVERY, MAX_KEYFRAME_EVERY = 32, 512
@@ -53,6 +60,8 @@ INT_METRICS = tuple(f.name for f in _METRIC_FIELDS if isinstance(getattr(StepMet
 FLOAT_METRICS = tuple(f.name for f in _METRIC_FIELDS if isinstance(getattr(StepMetrics(), f.name), float))
 _BYTES_OBJECT = 33 + 8  # a bytes object's header plus its list slot
 _STATE_OVERHEAD = 2000  # the dicts and array headers of one StepState
+MAX_IDLE_RUN = 1 << 24  # steps one idle run may cover (a trace says how many)
+MAX_RECORDED_STEPS = 1 << 26  # steps a recording may hold (its metric curves are a column a step)
 _RECORDS_PER_KEYFRAME_COPY = 16  # at() walks on from where it is rather than copy a keyframe, up to this many records more
 
 
@@ -217,6 +226,11 @@ class Recorder:
         self.num_steps = 0
         self._live: dict | None = None  # the pool view's arrays, for record()
         self._head: StepState | None = None  # the last step's arrays
+        self._last: tuple[bytes, StepMetrics] | None = None  # the last step's record and metrics
+        self._before: dict | None = None  # with wants_before: the pool values the last record's entries had before it
+        self._in_run = False  # whether the last step belongs to a run of repeated steps
+
+    wants_before = False  # whether _keep needs the pool values the record's entries had before (self._before)
 
     def _default_keyframe_every(self, num_slots: int, num_blocks: int) -> int:
         return default_keyframe_every(num_slots, num_blocks)
@@ -246,7 +260,9 @@ class Recorder:
         self._check_next(delta.step)
         if self.num_steps == 0:
             self._head.step = delta.step - 1
-        self._store(self._head.encode(delta), delta.metrics)
+        before = {} if self.wants_before and self.num_steps else None
+        self._before = before
+        self._store(self._head.encode(delta, before), delta.metrics)
 
     def append(self, snapshot: StepSnapshot) -> None:
         """Add a full snapshot (the first one also starts the recording, from a blank pool)."""
@@ -267,11 +283,37 @@ class Recorder:
         if state is not None:
             state.check_record(record)
             self._head = state.copy()
+            self._before = None
         elif self.num_steps == 0:
             raise ValueError("the first step record needs the state of its step")
         else:
+            self._before = self._head.before(record) if self.wants_before else None
             self._head.apply(record, validate=validate)
         self._store(bytes(record), metrics)
+
+    def append_idle(self, count: int, metrics: StepMetrics) -> None:
+        """Add ``count`` steps that repeat the last step's arrays and queues, with no events and
+        ``metrics`` each (an idle stretch, from a trace or another recording): one run."""
+        self._require_started()
+        if not self.num_steps:
+            raise ValueError("an idle run cannot be the first step")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_IDLE_RUN:
+            raise ValueError(f"an idle run covers 1..{MAX_IDLE_RUN:,} steps, got {count!r}")
+        if self.num_steps + count > MAX_RECORDED_STEPS:
+            raise ValueError(f"a recording holds at most {MAX_RECORDED_STEPS:,} steps")
+        step = self._head.step + 1
+        record = repeat_record(self._last[0], step)
+        self._head.apply(record)
+        self._head.idle_to(step + count - 1)
+        i = self.num_steps
+        self.num_steps += count
+        self._keep_idle(i, count, record, metrics, extend=self._in_run and metrics == self._last[1])
+        self._last, self._in_run = (record, metrics), True
+
+    @property
+    def head_state(self) -> StepState | None:
+        """The last step's arrays (read them, never write)."""
+        return self._head
 
     def holds(self, state: StepState) -> bool:
         """Whether the last step's arrays are ``state``'s (a trace's keyframes are checked so)."""
@@ -290,41 +332,87 @@ class Recorder:
             self.first_step = self._head.step
         i = self.num_steps
         self.num_steps += 1
-        self._keep(i, record, metrics)
+        if i and repeats(record, self._last[0]):  # an idle step: a run, extended while its metrics stay
+            self._keep_idle(i, 1, record, metrics, extend=self._in_run and metrics == self._last[1])
+            self._in_run = True
+        else:
+            self._keep(i, record, metrics)
+            self._in_run = False
+        self._last = (record, metrics)
 
     def _keep(self, i: int, record: bytes, metrics: StepMetrics) -> None:
+        """Keep the record of step index ``i``."""
+        raise NotImplementedError
+
+    def _keep_idle(self, i: int, count: int, record: bytes, metrics: StepMetrics, extend: bool) -> None:
+        """Keep ``count`` steps from index ``i`` that repeat the step before, each with
+        ``metrics`` (``record``: the first one's record): a new run, or (``extend``) more of
+        the run before."""
         raise NotImplementedError
 
 
 class Recording(Recorder):
-    """Every step of one run in memory, delta-encoded (see the module docstring)."""
+    """Every step of one run in memory, delta-encoded (see the module docstring). A run of
+    repeated steps (an idle stretch) is one record that covers them all."""
 
     def __init__(self, keyframe_every: int | None = None):
         super().__init__(keyframe_every)
         self._cursor: StepState | None = None  # the last step at() rebuilt
-        self._records: list[bytes] = []
-        self._keyframes: list[StepState] = []  # keyframe i holds step first_step + i * K
-        self._metrics = _MetricColumns()
+        self._records: list[bytes] = []  # one a step, or one a run of repeated steps
+        self._starts = np.zeros(64, dtype=np.int64)  # the step index each record starts at
+        self._keyframes: list[StepState] = []  # a copy of the state every K steps (runs of repeated steps take none)
+        self._keyframe_at: list[int] = []  # the step index of each keyframe
+        self._metrics = _MetricColumns()  # one row a record
         self._record_bytes = 0
 
-    def _keep(self, i: int, record: bytes, metrics: StepMetrics) -> None:
+    def _add(self, i: int, record: bytes, metrics: StepMetrics) -> None:
+        n = len(self._records)
+        if n == len(self._starts):
+            self._starts = np.concatenate([self._starts, np.zeros_like(self._starts)])
+        self._starts[n] = i
         self._records.append(record)
-        self._record_bytes += len(record) + _BYTES_OBJECT
+        self._record_bytes += len(record) + _BYTES_OBJECT + 8
         self._metrics.add(metrics)
+
+    def _keep(self, i: int, record: bytes, metrics: StepMetrics) -> None:
+        self._add(i, record, metrics)
         if i % self.keyframe_every == 0:
             self._keyframes.append(self._head.copy())
+            self._keyframe_at.append(i)
+
+    def _keep_idle(self, i: int, count: int, record: bytes, metrics: StepMetrics, extend: bool) -> None:
+        """A run needs no keyframe: a step inside it is one record after the keyframe before it."""
+        if not extend:
+            self._add(i, record, metrics)
 
     def replay_into(self, target: Recorder) -> Recorder:
         """Feed every step into another recorder (a trace writer, say); returns it."""
         target.start(self.scalars, step=self.first_step - 1)
-        for i, record in enumerate(self._records):
-            target.append_record(record, self._metrics.row(i), state=self._keyframes[0] if i == 0 else None, validate=False)
+        ends = self._record_ends()
+        for r, record in enumerate(self._records):
+            count = int(ends[r] - self._starts[r])
+            if count > 1:
+                target.append_idle(count, self._metrics.row(r))
+            else:
+                target.append_record(record, self._metrics.row(r), state=self._keyframes[0] if r == 0 else None, validate=False)
         return target
 
     # ------------------------------------------------------------------ reading
     @property
     def num_keyframes(self) -> int:
         return len(self._keyframes)
+
+    @property
+    def num_records(self) -> int:
+        """Records held: one a step, but one for each run of repeated steps."""
+        return len(self._records)
+
+    def idle_runs(self) -> list[tuple[int, int]]:
+        """(first step, steps) of each run of two or more repeated steps (idle stretches)."""
+        ends = self._record_ends()
+        starts = self._starts[: len(self._records)]
+        long = np.flatnonzero(ends - starts > 1)
+        return [(self.first_step + int(starts[r]), int(ends[r] - starts[r])) for r in long]
 
     @property
     def last_step(self) -> int:
@@ -343,12 +431,23 @@ class Recording(Recorder):
             raise IndexError(f"step {step} is not recorded (the recording has {span})")
         return i
 
+    def _record_of(self, i: int) -> int:
+        """The record that holds step index ``i``."""
+        n = len(self._records)
+        if n == self.num_steps:  # no runs
+            return i
+        return int(np.searchsorted(self._starts[:n], i, side="right")) - 1
+
+    def _record_ends(self) -> np.ndarray:
+        n = len(self._records)
+        return np.append(self._starts[1:n], self.num_steps) if n else np.zeros(0, dtype=np.int64)
+
     def at(self, step: int, copy: bool = True) -> StepSnapshot:
         """The snapshot of ``step``, equal to the one the engine would have taken.
         ``copy=False`` skips copying the arrays (9 bytes a slot): they are then the
         recording's own, read-only, and change at the next ``at()``."""
         i = self._index(step)
-        rec = self._seek(i)
+        rec, r = self._seek(i)
         cur = self._cursor
         arrays = cur.arrays(copy=copy)
         if not copy:
@@ -361,7 +460,7 @@ class Recording(Recorder):
             **arrays,
             **cur.queues(rec),
             events=decode_events(rec["events"]),
-            metrics=self._metrics.row(i),
+            metrics=self._metrics.row(r),
         )
 
     def last(self) -> StepSnapshot:
@@ -370,38 +469,45 @@ class Recording(Recorder):
         return self.at(self.last_step)
 
     def metrics(self, step: int) -> StepMetrics:
-        return self._metrics.row(self._index(step))
+        return self._metrics.row(self._record_of(self._index(step)))
 
     def metrics_series(self, name: str) -> np.ndarray:
         """One metric over every step (int64 or float64), for curves."""
-        return self._metrics.column(name)
+        column = self._metrics.column(name)
+        if len(self._records) == self.num_steps:
+            return column
+        return np.repeat(column, self._record_ends() - self._starts[: len(self._records)])
 
     def events(self, step: int) -> tuple[Event, ...]:
-        return decode_events(unpack(STEP_FIELDS, self._records[self._index(step)])["events"])
+        record = self._records[self._record_of(self._index(step))]
+        return decode_events(unpack(STEP_FIELDS, record)["events"])
 
     def records(self):
-        """The step records in order (what a version-2 trace stores)."""
+        """The records in order: one a step, one a run of repeated steps."""
         return iter(self._records)
 
-    def _seek(self, i: int) -> dict:
-        """Move the cursor to step index ``i``; returns that step's record fields."""
-        k = self.keyframe_every
-        base = i // k * k
+    def _seek(self, i: int) -> tuple[dict, int]:
+        """Move the cursor to step index ``i``; returns that step's record fields and record index."""
+        r = self._record_of(i)
+        kf = i // self.keyframe_every
+        if kf >= len(self._keyframe_at) or self._keyframe_at[kf] != kf * self.keyframe_every:  # runs took some
+            kf = bisect_right(self._keyframe_at, i) - 1
+        base = self._keyframe_at[kf]
         cur = self._cursor
         at = None if cur is None else cur.step - self.first_step
         if at is None or at > i or i - at > i - base + _RECORDS_PER_KEYFRAME_COPY:
-            keyframe = self._keyframes[i // k]
+            keyframe = self._keyframes[kf]
             if cur is None:
                 self._cursor = cur = keyframe.copy()
             else:
                 cur.copy_from(keyframe)
             at = base
-            if i == base:
-                return unpack(STEP_FIELDS, self._records[i])
         rec = None
-        for j in range(at + 1, i + 1):
+        for j in range(self._record_of(at) + 1, r + 1):
             rec = cur.apply(self._records[j])
-        return rec if rec is not None else unpack(STEP_FIELDS, self._records[i])
+        if cur.step != self.first_step + i:  # inside a run
+            cur.idle_to(self.first_step + i)
+        return (rec if rec is not None else unpack(STEP_FIELDS, self._records[r])), r
 
     @property
     def nbytes(self) -> int:
@@ -409,4 +515,5 @@ class Recording(Recorder):
         working states (the last step, and the step at() last rebuilt)."""
         states = len(self._keyframes) + (self._head is not None) + (self._cursor is not None)
         per_state = self._keyframes[0].nbytes if self._keyframes else (self._head.nbytes if self._head else 0)
-        return self._record_bytes + self._metrics.nbytes + states * (per_state + _STATE_OVERHEAD)
+        return (self._record_bytes + self._metrics.nbytes + self._starts.nbytes + 36 * len(self._keyframe_at)
+                + states * (per_state + _STATE_OVERHEAD))

@@ -312,12 +312,13 @@ class StepState:
         return self._seqs
 
     # ------------------------------------------------------------------ encoding
-    def encode(self, delta) -> bytes:
+    def encode(self, delta, before: dict | None = None) -> bytes:
         """The step record of ``delta`` (entries that did not change are dropped); moves the
-        state to ``delta.step``. O(len(delta) + live sequences + table entries)."""
+        state to ``delta.step``. O(len(delta) + live sequences + table entries). ``before``: a
+        dict that receives the pool values the record's entries had the step before."""
         rec: dict[str, np.ndarray] = {}
-        self._encode_entries(rec, "slot_idx", SLOT_ARRAYS, delta)
-        self._encode_entries(rec, "block_idx", BLOCK_ARRAYS, delta)
+        self._encode_entries(rec, "slot_idx", SLOT_ARRAYS, delta, before)
+        self._encode_entries(rec, "block_idx", BLOCK_ARRAYS, delta, before)
         new = {name: np.asarray(delta.seqs[name], dtype=dt) for name, dt in SEQ_STATE_ARRAYS.items()}
         ids, prev_ids = new["seq_id"], self.seqs["seq_id"]
         same = len(ids) == len(prev_ids) and np.array_equal(ids, prev_ids)  # the usual case
@@ -325,7 +326,7 @@ class StepState:
             raise ValueError(f"step {delta.step}: duplicate sequence ids")
         j = np.arange(len(ids)) if same else match_ids(prev_ids, ids)
         rec["seq_id"] = ids
-        self._encode_rows(rec, new, j, same)
+        self._encode_rows(rec, new, j, same, before)
         self._encode_tables(rec, new, j, same, getattr(delta, "table_ids", None))
         running, waiting, swapped = delta.running, delta.waiting, delta.swapped
         queued = np.fromiter((*running, *waiting, *swapped), dtype=np.int32, count=len(running) + len(waiting) + len(swapped))
@@ -354,8 +355,10 @@ class StepState:
             self.table_len[sid] = off[p + 1] - off[p]
         self._seqs = new
 
-    def _encode_entries(self, rec: dict, idx_name: str, names: dict, delta) -> None:
+    def _encode_entries(self, rec: dict, idx_name: str, names: dict, delta, before: dict | None) -> None:
         idx = np.asarray(getattr(delta, idx_name), dtype=np.int64)
+        if before is not None:
+            before.update({name: self.pool[name][:0] for name in names})
         if not len(idx):
             return
         values = {name: np.asarray(getattr(delta, name)) for name in names}
@@ -367,9 +370,11 @@ class StepState:
         for name, v in values.items():
             v = v[changed]
             rec[name] = v
+            if before is not None:
+                before[name] = self.pool[name][keep]
             self.pool[name][keep] = v
 
-    def _encode_rows(self, rec: dict, new: dict, j: np.ndarray, same: bool) -> None:
+    def _encode_rows(self, rec: dict, new: dict, j: np.ndarray, same: bool, before: dict | None) -> None:
         prev = self.seqs
         changed = j < 0
         if len(prev["seq_id"]) and len(j):
@@ -380,6 +385,13 @@ class StepState:
         rec["row_pos"] = pos
         for name in ROW_ARRAYS:
             rec[name] = new[name][pos]
+        if before is not None:  # the changed rows' values the step before (0 for a sequence new to this step)
+            jp = j[pos]
+            old = jp >= 0
+            for name in ROW_ARRAYS:
+                values = np.zeros(len(pos), dtype=ROW_ARRAYS[name])
+                values[old] = prev[name][jp[old]]
+                before[name] = values
 
     def _encode_tables(self, rec: dict, new: dict, j: np.ndarray, same: bool, table_ids) -> None:
         """Per changed table: how many leading entries it kept, and its new tail. Only the
@@ -519,6 +531,36 @@ class StepState:
         _check_queues(rec, len(rec["seq_id"]))
         decode_events(rec["events"])
 
+    def before(self, rec: bytes | dict) -> dict[str, np.ndarray]:
+        """What a step record's entries held in this state (the step before it): the pool values
+        at its slot and block indices, and the per-sequence values of its changed rows (0 for a
+        sequence that was not live). ValueError (one line) for an index outside the pool or the rows."""
+        if not isinstance(rec, dict):
+            rec = unpack(STEP_FIELDS, rec)
+        out = {}
+        for idx_name, names, size in (("slot_idx", SLOT_ARRAYS, self.num_slots), ("block_idx", BLOCK_ARRAYS, self.num_blocks)):
+            idx = rec[idx_name].astype(np.intp)
+            if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= size):
+                raise ValueError(f"{idx_name} out of range [0, {size})")
+            out.update({name: self.pool[name][idx] for name in names})
+        pos, ids = rec["row_pos"].astype(np.intp), rec["seq_id"].astype(np.int64)
+        if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= len(ids)):
+            raise ValueError(f"row_pos out of range [0, {len(ids)})")
+        sid = ids[pos]
+        live = (sid >= 0) & (sid < len(self.seen))
+        live[live] = self.seen[sid[live]] == self.step
+        for name, dtype in ROW_ARRAYS.items():
+            values = np.zeros(len(pos), dtype=dtype)
+            values[live] = self.rows[name][sid[live]]
+            out[name] = values
+        return out
+
+    def idle_to(self, step: int) -> None:
+        """Move on to ``step`` with nothing changed (inside a run of repeated steps): the live
+        sequences stay live."""
+        self.seen[self.seq_id.astype(np.intp)] = step
+        self.step = step
+
     # ------------------------------------------------------------------ keyframes
     def keyframe(self) -> bytes:
         return pack(KEYFRAME_FIELDS, {HEAD: np.array([self.step], dtype=np.int32), **self.pool, **self.seqs})
@@ -564,6 +606,32 @@ class StepState:
         out = {name: (a.copy() if copy else a) for name, a in self.pool.items()}
         out.update({name: (a.copy() if copy else a) for name, a in self.seqs.items()})
         return out
+
+
+_UNCHANGED_EMPTY = ("slot_idx", "block_idx", "row_pos", "tab_pos", "events")
+_UNCHANGED_AT = np.array([list(STEP_FIELDS).index(name) for name in _UNCHANGED_EMPTY])
+
+
+def repeats(record: bytes, prev: bytes) -> bool:
+    """Whether step record ``record`` changes nothing after ``prev`` (the record of the step
+    before): no pool entry, row or table, no events, the same sequences in the same queues.
+    Cheap when it does not: a record that repeats has a known length."""
+    counts = np.frombuffer(record, dtype="<i4", count=len(STEP_FIELDS))
+    if counts[_UNCHANGED_AT].any():
+        return False
+    rec = unpack(STEP_FIELDS, record)
+    last = unpack(STEP_FIELDS, prev)
+    return (np.array_equal(rec[HEAD][1:], last[HEAD][1:]) and np.array_equal(rec["seq_id"], last["seq_id"])
+            and np.array_equal(rec["queues"], last["queues"]))
+
+
+def repeat_record(prev: bytes, step: int) -> bytes:
+    """The record of ``step`` when it repeats the step of ``prev``: the same sequences and
+    queues, nothing else."""
+    last = unpack(STEP_FIELDS, prev)
+    head = last[HEAD].copy()
+    head[0] = step
+    return pack(STEP_FIELDS, {HEAD: head, "seq_id": last["seq_id"], "queues": last["queues"]})
 
 
 def _check_queues(rec: dict, n: int) -> None:

@@ -191,12 +191,13 @@ class Engine:
         prompt = request.prompt_token_ids
         if not prompt:
             return "empty prompt"
-        try:
-            if any(isinstance(t, bool) for t in prompt):
-                raise TypeError
-            prompt = [operator.index(t) for t in prompt]  # numpy ints are fine, floats are not
-        except TypeError:
-            return "prompt token ids must be non-negative integers"
+        if set(map(type, prompt)) != {int}:  # plain ints (the usual case) need no conversion
+            try:
+                if any(isinstance(t, bool) for t in prompt):
+                    raise TypeError
+                prompt = [operator.index(t) for t in prompt]  # numpy ints are fine, floats are not
+            except TypeError:
+                return "prompt token ids must be non-negative integers"
         if min(prompt) < 0:
             return "prompt token ids must be non-negative integers"
         top = max(prompt)

@@ -233,11 +233,10 @@ class BlockManager:
         table, bs = self.tables[seq.seq_id], self.block_size
         tokens = seq.token_ids
         fill, blocks, log = self.fill, self.pool.blocks, self.changes
-        if count == 1 and (start + 1) % bs:  # a decode that leaves its block not full: one slot
-            j = start // bs
+        if count == 1:  # a decode
+            j, off = divmod(start, bs)
             b = table[j]
-            off = start - j * bs
-            if fill[b] == off and blocks[b].ref_count == 1:
+            if off + 1 < bs and fill[b] == off and blocks[b].ref_count == 1:  # its block does not fill up: one slot
                 if log.active:
                     log.filled(b, off, tokens[start:start + 1])
                 fill[b] = off + 1

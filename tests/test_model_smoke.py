@@ -31,19 +31,37 @@ def test_bundled_model_answers_paris(smollm2):
 
 
 def test_cache_reload_gives_identical_logits(tmp_path, monkeypatch):
-    """Convert into a fresh cache, reload from it, and compare with transformers reading the GGUF directly."""
+    """Convert into a fresh cache, reload from it, and compare with transformers reading the GGUF directly.
+
+    The conversion reads the GGUF through transformers' own ``from_pretrained(gguf_file=...)``:
+    a copy of that model, taken the moment transformers returns it (before the conversion touches
+    it), is the direct reading, so the GGUF is de-quantized once here, not twice (a minute of CPU)."""
+    import copy
+
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("PAGEDKV_CACHE", str(tmp_path))
     gguf = bundled_gguf_path()
+    read_directly = []
+    from_pretrained = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        model = from_pretrained(*args, **kwargs)
+        if kwargs.get("gguf_file") == gguf.name:
+            read_directly.append(copy.deepcopy(model))
+        return model
+
     seen = []
-    converted = load_model(progress=lambda f, what: seen.append(f))
+    with monkeypatch.context() as m:
+        m.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+        converted = load_model(progress=lambda f, what: seen.append(f))
     assert converted.converted and converted.weights_dir.parent == tmp_path
     assert seen[-1] == 1.0 and seen == sorted(seen), "progress must rise to 100%"
     reloaded = load_model(progress=lambda f, w: None)
     assert not reloaded.converted and reloaded.weights_dir == converted.weights_dir
 
-    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32").eval()
+    assert len(read_directly) == 1, "the conversion did not read the GGUF through transformers"
+    direct = read_directly[0].eval()
     ids = chat_ids(reloaded.tokenizer, "Name three colours.")
     with torch.inference_mode():
         want = direct(ids).logits

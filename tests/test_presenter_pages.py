@@ -15,7 +15,8 @@ import pytest
 
 from tests.apptest import figure, open_page
 from ui.pages_registry import lessons
-from ui.presenter import NEXT_KEY, PREDICTION_SLIDE_HEIGHT, PREVIOUS_KEY, SLIDE_HEIGHT
+from ui.presenter import (BOTTOM_KEY, BOTTOM_MARGIN_PX, MIN_SLIDE_HEIGHT, NEXT_KEY, PREDICTION_SLIDE_HEIGHT,
+                          PREVIOUS_KEY, SCREEN_PX, SLIDE_HEIGHT)
 
 REAL_MODEL = {"live-engine", "prefix-sharing", "under-pressure"}
 
@@ -27,6 +28,30 @@ def lesson_key(page) -> str:
 
 def charts(at) -> list:
     return list(at.get("plotly_chart"))
+
+
+def prediction_widget(at):
+    """The slide's open question (a radio or a number input), or None."""
+    return next((w for w in list(at.radio) + list(at.number_input) if (w.label or "").startswith("Predict:")), None)
+
+
+def answer(at, widget) -> None:
+    widget.set_value(widget.options[0] if hasattr(widget, "options") else 5).run()
+
+
+def assert_on_the_screen(at, slide) -> None:
+    """The slide's estimated last line (its rows, figure and caption at the style sheet's sizes,
+    :mod:`ui.presenter`) ends at least BOTTOM_MARGIN_PX above a 720 px screen's bottom edge, with
+    its figure at full size or shrunk to fit, never below MIN_SLIDE_HEIGHT (checked against the real
+    layout in Chromium by test_slide_fit_browser.py)."""
+    bottom = at.session_state[BOTTOM_KEY] if BOTTOM_KEY in at.session_state else None
+    shown = charts(at)
+    if bottom is None:  # a slide without a figure (the calculator's numbers)
+        assert not shown, slide
+        return
+    assert bottom <= SCREEN_PX - BOTTOM_MARGIN_PX, (slide, bottom)
+    for c in shown:
+        assert json.loads(c.proto.spec)["layout"]["height"] >= MIN_SLIDE_HEIGHT, (slide, c.proto.id)
 
 
 def slide_style(at) -> bool:
@@ -67,10 +92,17 @@ def test_presenter_mode_on_every_lesson(page):
         for c in shown:
             spec = json.loads(c.proto.spec)
             if all(t["type"] in ("heatmap", "scattergl") for t in spec["data"]) and "font" not in spec["layout"]:
-                assert spec["layout"]["height"] >= SLIDE_HEIGHT, (slides, c.proto.id)  # a pool, at slide height
+                assert spec["layout"]["height"] >= MIN_SLIDE_HEIGHT, (slides, c.proto.id)  # a pool, at slide height
             else:
                 assert spec["layout"]["font"]["size"] >= 16, (slides, c.proto.id)  # slide type
             figures_seen += 1
+        assert_on_the_screen(at, slides)
+        question = prediction_widget(at)
+        if question is not None:  # the answer and its why take room too: the slide still fits
+            answer(at, question)
+            assert not at.exception, (slides, at.exception)
+            assert prediction_widget(at) is None
+            assert_on_the_screen(at, f"{slides}, answered")
         nxt, prev = at.button(key=f"{key}_guide_next"), at.button(key=f"{key}_guide_prev")
         assert nxt.proto.shortcut.lower() == NEXT_KEY.lower() and prev.proto.shortcut.lower() == PREVIOUS_KEY.lower()
         assert prev.disabled == (slides == 1)
@@ -152,14 +184,22 @@ def test_free_play_in_presenter_mode():
 
 
 def test_a_slide_that_asks_draws_a_shorter_figure():
-    """The question and the revealed answer take room: the slide's figure shrinks so it still ends
-    above the fold at 1280 x 720 (checked in Chromium below)."""
+    """The question and the revealed answer take room: the slide's figure shrinks so that the
+    slide, caption included, still ends above the bottom of a 1280 x 720 screen (issue 21: slide
+    5's caption touched the bottom edge; checked in Chromium by test_slide_fit_browser.py)."""
     at = open_page("pages/reserve_or_page.py", present="on")  # slide 1 asks
-    assert figure(at, "rop_slide")["layout"]["height"] == PREDICTION_SLIDE_HEIGHT
-    at.button(key="rop_guide_next").click().run()
-    at.button(key="rop_guide_next").click().run()  # slide 3 asks nothing
-    assert figure(at, "rop_slide")["layout"]["height"] == SLIDE_HEIGHT
-
+    asked = figure(at, "rop_slide")["layout"]["height"]
+    assert MIN_SLIDE_HEIGHT <= asked <= PREDICTION_SLIDE_HEIGHT
+    answer(at, prediction_widget(at))
+    answered = figure(at, "rop_slide")["layout"]["height"]
+    assert MIN_SLIDE_HEIGHT <= answered < asked  # the answer box took its room from the figure
+    assert at.session_state[BOTTOM_KEY] <= SCREEN_PX - BOTTOM_MARGIN_PX
+    for _ in range(4):
+        at.button(key="rop_guide_next").click().run()  # slide 5, external fragmentation: a long caption
+    assert any(m.value.startswith("**Step 5 of ") for m in at.markdown)
+    assert any("are external fragmentation" in c.value for c in at.caption)  # why the head of the queue waits
+    assert MIN_SLIDE_HEIGHT <= figure(at, "rop_slide")["layout"]["height"] <= SLIDE_HEIGHT
+    assert at.session_state[BOTTOM_KEY] <= SCREEN_PX - BOTTOM_MARGIN_PX
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -58,10 +58,12 @@ def mode(key: str, help: str | None = None, *, title: str | None = None) -> bool
     _from_url(key)
     guide_key = f"{key}_guide"
 
-    with st.container(horizontal=True, gap="large", vertical_alignment="center"):
+    # Small gaps: at 1280 px beside the sidebar the longest title (Under pressure's) and the two
+    # toggles share one row (with large gaps the toggles wrapped under it, leaving a blank band).
+    with st.container(horizontal=True, gap="small", vertical_alignment="center"):
         if title:
             st.title(title, width="content")
-        with st.container(horizontal=True, gap="large", vertical_alignment="center", width="content"):  # wrap together
+        with st.container(horizontal=True, gap="small", vertical_alignment="center", width="content"):  # wrap together
             on = st.toggle(
                 "Guide mode", key=guide_key,
                 help=help or "A fixed, seeded walkthrough with Next / Previous: everyone in a workshop sees the same steps.",
@@ -88,7 +90,6 @@ def nav(key: str, steps: list[GuideStep]) -> GuideStep:
         st.session_state[step_key] = max(0, min(len(steps) - 1, int(st.session_state.get(step_key, 0)) + delta))
 
     presenting = presenter.on(key)
-    presenter.fit(steps[i].predict is not None)  # a slide that asks keeps its figure above the fold
     c = st.columns([1.2, 1.2, 6] if not presenting else [1.3, 1.3, 6])
     c[0].button("Previous", icon=":material/chevron_left:", key=f"{key}_guide_prev", on_click=go, args=(-1,),
                 disabled=i == 0, width="stretch", shortcut=presenter.PREVIOUS_KEY if presenting else None)
@@ -105,6 +106,12 @@ def nav(key: str, steps: list[GuideStep]) -> GuideStep:
         predict.ask(step.predict, key)
         if predict.answered(step.predict, key) and step.reveal:
             shown = replace(step, show={**step.show, **step.reveal})
+    above = None  # on a slide the figure gets what the rows drawn above it leave of the screen
+    if presenting:
+        above = presenter.TOP_PX + presenter.box_px(step.narration) + presenter.GAP_PX
+        if step.predict is not None:
+            above += predict.slide_px(step.predict, key) + presenter.GAP_PX
+    presenter.fit(step.predict is not None, above_px=above)
     right, answered = predict.score()
     asks = any(s.predict is not None for s in steps)
     header.markdown(f"**Step {i + 1} of {len(steps)}: {step.title}**"

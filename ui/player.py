@@ -170,9 +170,11 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
         if runs:  # a group of its own, so that on a narrow screen the two wrap together
             with st.container(horizontal=True, vertical_alignment="bottom", gap="small", width="content"):
                 st.selectbox("Jump to the next", list(run_events.SHORT_NAMES.values()), key=f"{key}_event_kind",
-                             width=165, help="The kind of event that Next event jumps to.")
-                st.button("Next event", icon=":material/skip_next:", key=f"{key}_next_event", on_click=jump,
-                          help="Jump to the next step at which the chosen kind of event happens (in any run shown).")
+                             width=165, help="The kind of event that Next event jumps to: the next step at which an "
+                                             "event of this kind happens, in any run shown.")
+                # No tooltip (help=) on this button: Streamlit 1.67 draws a button with one twice, the
+                # second copy zero-width, and a click aimed at the key could land on the copy.
+                st.button("Next event", icon=":material/skip_next:", key=f"{key}_next_event", on_click=jump)
     if runs and state.get("note"):
         st.caption(state["note"])
 

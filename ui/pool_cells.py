@@ -89,6 +89,12 @@ LEGEND = (
     "● = shared block (ref count > 1) · pale blue = cached block nobody uses (reusable) · "
     "dusty red = free hole too small for the next reservation"
 )
+# The same key in fewer words, for a slide (ui/presenter.py), where every line of caption is a line
+# of figure less on a 720 px screen.
+SLIDE_LEGEND = (
+    "grey = free · orange = allocated, empty · colour = the request whose tokens fill it · ● = shared · "
+    "pale blue = cached, reusable · dusty red = free hole too small for the next reservation"
+)
 AGGREGATE_LEGEND = (
     "each cell is a group of whole blocks, coloured by the state most of its slots are in "
     "(the main owner's colour when slots holding tokens dominate); ● = the cell holds shared blocks; "

@@ -115,30 +115,59 @@ def ask(p: Prediction, scope: str) -> bool | None:
         rec[key] = (given, p.grade(given))
     locked = key in rec
     if locked:  # the first answer stands: the question, what was said, and the measured answer
-        first, right = rec[key]
-        said = first if p.is_choice else number_text(first)
-        st.markdown(f"{p.question} You said **{said}**.")
-        # On a slide a long why would push the figure off the screen: it waits in an expander.
-        folded = presenter.on(scope) and len(p.why) > SLIDE_WHY_CHARS
-        why = "" if folded else f" {p.why}"
+        said, right, verdict, folded = _answered_text(p, scope)
+        st.markdown(said)
         if right:
-            st.success(f"**Right.** {p.source}: **{p.answer_text()}**.{why}", icon=":material/check_circle:")
+            st.success(verdict, icon=":material/check_circle:")
         else:
-            st.warning(f"**Not quite.** {p.source}: **{p.answer_text()}**.{why}", icon=":material/lightbulb:")
+            st.warning(verdict, icon=":material/lightbulb:")
         if folded:
             st.expander("Why", icon=":material/help:").markdown(p.why)
         return right
     if p.is_choice:
-        st.radio(p.question, p.options, index=None, key=key, horizontal=sum(len(o) for o in p.options) < 110)
-        st.caption("Answer to reveal what the run measured.")
+        st.radio(p.question, p.options, index=None, key=key, horizontal=_horizontal(p))
+        st.caption(HINT)
     else:  # a short input, the hint beside it
         left, right_col = st.columns([3, 2], vertical_alignment="bottom")
         left.number_input(p.question, value=None, key=key, step=1.0 if p.tolerance >= 1 or float(p.answer).is_integer() else None,
                           placeholder="your guess, then Enter",
                           help=f"Counts as right within ±{p.tolerance:g}{' ' + p.unit if p.unit else ''}."
                           if p.tolerance else "Counts as right when exact.")
-        right_col.caption("Answer to reveal what the run measured.")
+        right_col.caption(HINT)
     return None
+
+
+HINT = "Answer to reveal what the run measured."
+
+
+def _horizontal(p: Prediction) -> bool:
+    return sum(len(o) for o in p.options) < 110
+
+
+def _answered_text(p: Prediction, scope: str) -> tuple[str, bool, str, bool]:
+    """What an answered question shows: the question with what was said, whether the first answer
+    was right, the measured answer with its why, and whether the why is folded into an expander (a
+    long one, on a slide: it would push the figure off the screen)."""
+    first, right = _record()[widget_key(scope, p)]
+    said = first if p.is_choice else number_text(first)
+    folded = presenter.on(scope) and len(p.why) > SLIDE_WHY_CHARS
+    why = "" if folded else f" {p.why}"
+    verdict = f"**{'Right' if right else 'Not quite'}.** {p.source}: **{p.answer_text()}**.{why}"
+    return f"{p.question} You said **{said}**.", right, verdict, folded
+
+
+def slide_px(p: Prediction, scope: str) -> int:
+    """The height :func:`ask` takes on a slide (:mod:`ui.presenter`'s estimate, in px), as drawn
+    now: the question and its widget, or once answered the question, the answer and its why."""
+    g = presenter.GAP_PX
+    if answered(p, scope):
+        said, _, verdict, folded = _answered_text(p, scope)
+        return presenter.line_px(said) + g + presenter.box_px(verdict) + (g + presenter.EXPANDER_PX if folded else 0)
+    if not p.is_choice:
+        label = presenter.lines(p.question, presenter.NUMBER_LABEL_CHARS)  # the label wraps in its column
+        return round(presenter.LINE_PX * label) + presenter.NUMBER_INPUT_PX
+    options = presenter.CHOICES_PX if _horizontal(p) else len(p.options) * presenter.CHOICES_PX * 3 // 4
+    return presenter.line_px(p.question) + options + g + presenter.caption_px(HINT)
 
 
 def answered(p: Prediction, scope: str) -> bool:

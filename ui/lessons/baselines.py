@@ -20,7 +20,7 @@ from pagedkv_core.workloads.scenarios import Workload
 from ui import export, guide, pool_view, predict, presenter, settings
 from ui.predict import Prediction
 from ui.figures import step_curves
-from ui.pool_cells import LEGEND, snapshot_heatmap
+from ui.pool_cells import LEGEND, SLIDE_LEGEND, snapshot_heatmap
 from ui.lesson import Export, Lesson
 from ui.runs.model import BASELINE_LABELS, RESERVES, Run
 from ui.runs.scripted import named_workload, scripted_runs
@@ -341,7 +341,7 @@ def slide(runs: list[Run], show: dict) -> None:
     """Presenter mode: the step's one figure (the four pools in one figure, or a chart)."""
     fig = step_figure(runs, show)
     if fig is None:
-        presenter.slide(pools_figure(runs, int(show["step"])), KEY, LEGEND)
+        presenter.slide(pools_figure(runs, int(show["step"])), KEY, SLIDE_LEGEND)
     else:  # a bar chart needs less height than the pools: it stays above the fold under a revealed answer
         presenter.slide(fig, KEY, height=CHART_SLIDE_HEIGHT)
 
@@ -367,7 +367,7 @@ def explore(runs: list[Run], workload: Workload, config: dict, is_default: bool)
                           "where paging runs the most requests at once.")
     if presenter.on(KEY):  # free play on a projector: the four pools in one figure
         presenter.fit(False)
-        presenter.slide(pools_figure(runs, step), KEY, LEGEND)
+        presenter.slide(pools_figure(runs, step), KEY, SLIDE_LEGEND)
     else:
         pools(runs, step)
     st.caption(("Default requests: " if is_default else "The sidebar's workload: ") + workload.description

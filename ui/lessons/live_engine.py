@@ -14,7 +14,7 @@ from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sequence import STATUS_NAMES
 from pagedkv_core.record.slot_state import SlotState
 from ui import export, player, presenter
-from ui.pool_cells import LEGEND, free_pool_heatmap, snapshot_heatmap
+from ui.pool_cells import LEGEND, SLIDE_LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.guide import GuideStep
 from ui.lesson import Export, Lesson
 from ui.predict import Prediction
@@ -90,7 +90,7 @@ class LiveView:
         if drawn is not None:
             presenter.slide(drawn[0], KEY)
         else:
-            presenter.slide(self.pool_figure(rec, snap), KEY, LEGEND)
+            presenter.slide(self.pool_figure(rec, snap), KEY, SLIDE_LEGEND)
 
     def render(self, rec: TimedRun, step: int, selected: str | None) -> None:
         cfg = rec.config

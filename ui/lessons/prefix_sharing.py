@@ -12,7 +12,7 @@ from pagedkv_core.kv.prefix_hash import hash_block
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sequence import SequenceStatus
 from ui import export, player, presenter, settings
-from ui.pool_cells import LEGEND, snapshot_heatmap
+from ui.pool_cells import LEGEND, SLIDE_LEGEND, snapshot_heatmap
 from ui.guide import GuideStep
 from ui.lesson import Export, Lesson
 from ui.predict import Prediction
@@ -188,7 +188,8 @@ class PrefixView:
         fig = self.prefill_figure(snap) if which == "prefill" else None
         if fig is None and which == "pool":
             fig = self.pool_figure(snap)
-        presenter.slide(fig if fig is not None else self.tables_figure(snap), KEY, LEGEND if which == "pool" else None)
+        presenter.slide(fig if fig is not None else self.tables_figure(snap), KEY,
+                        SLIDE_LEGEND if which == "pool" else None)
 
     def draw(self, step: int, focus: str) -> None:
         rec, ids, bs = self.rec, self.ids, self.bs

@@ -523,7 +523,8 @@ def slide(v: TrafficView, show: dict) -> None:
     """Presenter mode: the step's one figure."""
     fig = figure_for(v, show)
     if fig is None:
-        pool_heatmap(v, int(show.get("step", 0)), key=f"{KEY}_slide_pool", height=presenter.SLIDE_HEIGHT)
+        pool_heatmap(v, int(show.get("step", 0)), key=f"{KEY}_slide_pool",
+                     height=presenter.slide_height(caption_lines=2))  # the slots of each state under it
         return
     presenter.slide(fig, KEY)
 

@@ -8,7 +8,7 @@ from pagedkv_core.events import FINISH
 from pagedkv_core.workloads.scenarios import build_workload
 from ui import export, guide, player, pool_view, presenter
 from ui.figures import step_curves
-from ui.pool_cells import LEGEND, free_pool_heatmap, snapshot_heatmap
+from ui.pool_cells import LEGEND, SLIDE_LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.predict import Prediction, range_options
 from ui.lesson import Export, Lesson, sidebar_or_guided
 from ui.models import tokenizer
@@ -269,7 +269,7 @@ def pools_slide(runs: list[Run], step: int, *, conceal: bool = False) -> None:
     notes = [] if conceal else [f"{side_label(r)}: {admission_note(r.at(step).metrics)}" for r in runs
                                 if r.kind == "contiguous"]
     presenter.slide(presenter.side_by_side(figs, titles, f"{runs[0].at(0).num_slots:,} KV slots each, {head}"), KEY,
-                    " · ".join([LEGEND] + notes))
+                    " · ".join([SLIDE_LEGEND] + notes))
 
 
 def guided_runs() -> list[Run]:

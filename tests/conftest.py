@@ -33,17 +33,22 @@ GROUPS = {
     "tests/test_load_browser.py": "browser-load",
     "tests/test_pool_cells.py::test_hover_in_a_real_browser": "browser",
 }
-# The order the groups are handed out in: the longest first (measured with --durations), so that
-# no worker is left finishing a long file while the other has nothing to do; then the remaining
-# files in collection order. A worker is handed its next group when two tests of its current one
-# are left, so within a group the longest files go first (the browser files below).
+# The order the groups are handed out in: the longest first (CI's time per test file, issue 20), so
+# that no worker is left finishing a long file while the other has nothing to do; then the
+# remaining files (each under 8 s) in collection order. A worker is handed its next group when two
+# tests of its current one are left: the browser worker takes the other files only once its group
+# is nearly done, and the other worker fills in behind the load test, so the two end together.
+# Within a group the longest files go first (the browser files below).
 FIRST = (
     "browser", "browser-load",
-    "tests/test_teaching_browser.py", "tests/test_pages_browser.py", "tests/test_player_browser.py",
-    "tests/test_llm.py", "tests/test_model_smoke.py", "tests/test_waste.py",
-    "tests/test_kernels_aot.py", "tests/test_teaching_pages.py", "tests/test_bench_cli.py",
-    "tests/test_hardening_cli.py", "tests/test_fuzz.py", "tests/test_model_runner.py", "tests/test_app_inputs.py",
-    "tests/test_bf16.py", "tests/test_properties.py",
+    "tests/test_teaching_browser.py", "tests/test_player_browser.py", "tests/test_presenter_browser.py",
+    "tests/test_live_chart_browser.py", "tests/test_pages_browser.py",
+    "tests/test_llm.py", "tests/test_bench_cli.py", "tests/test_kernels_aot.py", "tests/test_model_smoke.py",
+    "tests/test_waste.py", "tests/test_count_identity.py", "tests/test_teaching_pages.py", "tests/test_streaming.py",
+    "tests/test_fuzz.py", "tests/test_presenter_pages.py", "tests/test_hardening_cli.py", "tests/test_engagement.py",
+    "tests/test_app_inputs.py", "tests/test_kernels.py", "tests/test_scale_pages.py", "tests/test_model_runner.py",
+    "tests/test_prefix_traffic_page.py", "tests/test_bf16.py", "tests/test_app_pages.py",
+    "tests/test_narration_numbers.py", "tests/test_vllm_server.py", "tests/test_hashed_log.py",
 )
 
 

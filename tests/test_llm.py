@@ -116,25 +116,15 @@ def test_block_sizes_same_tokens(llm, prompt_ids, hf_tokens, block_size):
 PRESSURE = dict(block_size=8, pool_slots=136, watermark=0.0, swap_slots=2048)  # 17 blocks of 8 for five ~70-token sequences
 
 
-@pytest.mark.parametrize("mode", ["swap", "recompute"])
-def test_preemption_same_tokens(llm, prompt_ids, hf_tokens, mode):
-    # the first prompt comes twice (its second copy also hits the prefix cache); the youngest
-    # running sequence keeps getting evicted
-    reqs = [(p, GREEDY, 0) for p in prompt_ids + prompt_ids[:1]]
-    outs, snaps, summary = run_engine(llm, reqs, preemption=mode, **PRESSURE)
-    assert token_ids(outs) == hf_tokens + hf_tokens[:1]
-    if mode == "swap":
-        assert summary.swaps_out >= 3 and summary.swaps_in >= 3
-    else:
-        assert summary.recomputes >= 3
-
-
-def test_swap_round_trip_is_bit_identical(llm, prompt_ids):
-    """Every block swapped out comes back to the device pool bit for bit (checked between the
-    block copies and the forward of the step that swaps it back in)."""
+@pytest.fixture(scope="module")
+def swap_run(llm, prompt_ids):
+    """The pressured run preempting by swap, once for the two tests that read it: (outputs,
+    summary, host blocks checked on their way back, those that came back changed). Every block
+    swapped out is compared with what comes back to the device pool, between the block copies and
+    the forward of the step that swaps it back in."""
     runner = llm.runner
     saved: dict[int, list[torch.Tensor]] = {}
-    checked = []
+    checked, changed = [], []
     original = runner._block_ops
 
     def spy(batch):
@@ -144,7 +134,8 @@ def test_swap_round_trip_is_bit_identical(llm, prompt_ids):
             saved[host] = [v[dev].clone() for v in views]
         original(batch)
         for host, dev in batch.swap_in:
-            assert all(torch.equal(v[dev], s) for v, s in zip(views, saved[host]))
+            if not all(torch.equal(v[dev], s) for v, s in zip(views, saved[host])):
+                changed.append(host)
             checked.append(host)
 
     runner._block_ops = spy
@@ -152,6 +143,30 @@ def test_swap_round_trip_is_bit_identical(llm, prompt_ids):
         outs, _, summary = run_engine(llm, [(p, GREEDY, 0) for p in prompt_ids + prompt_ids[:1]], preemption="swap", **PRESSURE)
     finally:
         del runner._block_ops
+    return outs, summary, checked, changed
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preemption_same_tokens(llm, prompt_ids, hf_tokens, mode, request):
+    # the first prompt comes twice (its second copy also hits the prefix cache); the youngest
+    # running sequence keeps getting evicted
+    if mode == "swap":
+        outs, summary, _, _ = request.getfixturevalue("swap_run")
+    else:
+        reqs = [(p, GREEDY, 0) for p in prompt_ids + prompt_ids[:1]]
+        outs, snaps, summary = run_engine(llm, reqs, preemption=mode, **PRESSURE)
+    assert token_ids(outs) == hf_tokens + hf_tokens[:1]
+    if mode == "swap":
+        assert summary.swaps_out >= 3 and summary.swaps_in >= 3
+    else:
+        assert summary.recomputes >= 3
+
+
+def test_swap_round_trip_is_bit_identical(swap_run):
+    """Every block swapped out comes back to the device pool bit for bit (checked between the
+    block copies and the forward of the step that swaps it back in)."""
+    _, summary, checked, changed = swap_run
+    assert not changed, f"host blocks {changed} came back changed"
     assert summary.swaps_in >= 1 and len(checked) >= 3
 
 

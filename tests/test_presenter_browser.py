@@ -1,6 +1,7 @@
 """Presenter mode in Chromium at a projector's 1280 x 720 (issue 21): the slides of Reserve or page
-and Real traffic, every prediction answered, each with its whole figure on the screen. The rest of
-presenter mode, on every lesson, is checked under AppTest in test_presenter_pages.py."""
+and Real traffic, every prediction answered, each with its whole figure on the screen, → to the
+next slide and ← back. The rest of presenter mode, on every lesson, is checked under AppTest in
+test_presenter_pages.py."""
 import re
 import time
 import warnings
@@ -15,7 +16,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 def test_slides_fit_a_projector_in_chromium():
     """Reserve or page and Real traffic as slides at 1280 x 720, every prediction answered: no
-    sidebar, no error, and each slide's figure ends on the screen."""
+    sidebar, no error, and each slide's figure ends on the screen. Reserve or page opens on a
+    prediction; → goes to the next slide, and from its last slide ← goes back one."""
     out = Path(__file__).resolve().parents[1] / "test-output"
     out.mkdir(exist_ok=True)
     with running_app() as url, chromium_page(1280, 720) as page:
@@ -25,7 +27,9 @@ def test_slides_fit_a_projector_in_chromium():
             slide = 1
             titles = []  # each slide's figure title, as the browser drew it
             while True:
-                answer_prediction(page, out / f"{path}-slide-{slide}-unanswered.png")
+                asked = answer_prediction(page, out / f"{path}-slide-{slide}-unanswered.png")
+                if path == "reserve-or-page" and slide == 1:
+                    assert asked, "Reserve or page's first slide asks no prediction"
                 wait_idle(page, 600_000)
                 page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
                 assert page.locator('[data-testid="stException"]').count() == 0, (path, slide)
@@ -39,6 +43,10 @@ def test_slides_fit_a_projector_in_chromium():
                 if done == total:
                     # the browser drew each slide's own figure, not the first one again
                     assert len(set(titles)) >= 3, (path, titles)
+                    if path == "reserve-or-page":  # ← goes back one slide
+                        page.locator('[data-testid="stAlertContentInfo"]').first.click()
+                        page.keyboard.press("ArrowLeft")
+                        page.get_by_text(re.compile(f"Step {total - 1} of")).first.wait_for(timeout=120_000)
                     break
                 page.locator('[data-testid="stAlertContentInfo"]').first.click()  # keys go to the page
                 page.keyboard.press("ArrowRight")
@@ -46,8 +54,8 @@ def test_slides_fit_a_projector_in_chromium():
                 page.get_by_text(re.compile(f"Step {slide} of")).first.wait_for(timeout=120_000)
 
 
-def answer_prediction(page, shot: Path) -> None:
-    """Answer the slide's prediction, if it asks one, and wait for the measured answer. The wait
+def answer_prediction(page, shot: Path) -> bool:
+    """Answer the slide's prediction, if it asks one (whether it did), and wait for the measured answer. The wait
     follows the page, not a clock: as long as the script runs, it waits (up to 10 minutes); once
     the page has sat idle for 15 s without the answer, the answer was not taken (the first try
     once timed out in CI under the classroom load test, not reproduced since): it is screenshot,
@@ -61,9 +69,9 @@ def answer_prediction(page, shot: Path) -> None:
             numbers.first.fill("5")
             numbers.first.press("Enter")
         else:
-            return
+            return False
         if revealed(page):
-            return
+            return True
         page.screenshot(path=str(shot))
         assert attempt == 0, f"the prediction's answer was not taken, twice: {shot}"
         warnings.warn(f"the prediction's answer was not taken at the first try; given again: {shot}")

@@ -45,6 +45,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 CLASSES = ("token", "reservation", "internal", "external", "free")
+RANGE_CHUNK = 1 << 16  # ranges a chunk holds (1.3 MB)
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def final_written(engine) -> dict[int, int]:
@@ -68,11 +70,11 @@ class WasteAccumulator:
         self._allocated: list[int] = []
         self._token: list[int] = []
         self._external: list[int] = []
-        self._steps: list[np.ndarray] = []  # per chunk of ranges: the step index
-        self._seq: list[np.ndarray] = []
-        self._lo: list[np.ndarray] = []
-        self._hi: list[np.ndarray] = []
-        self._block: list[np.ndarray] = []  # -1: the range is the sequence's own
+        # The ranges, in int32 chunks of RANGE_CHUNK rows (columns: step, seq_id, lo, hi, block;
+        # block -1: the range is the sequence's own): 20 bytes a range, no object per step. A
+        # step's ranges are never split between chunks.
+        self._chunks: list[np.ndarray] = []
+        self._used: list[int] = []  # rows used in each chunk
 
     @property
     def num_steps(self) -> int:
@@ -135,12 +137,23 @@ class WasteAccumulator:
         self._append(step, ids[keep], lo[keep], hi[keep], block[keep])
 
     def _append(self, step: int, ids, lo, hi, block) -> None:
-        if len(ids):
-            self._steps.append(np.full(len(ids), step, dtype=np.int64))
-            self._seq.append(ids)
-            self._lo.append(lo)
-            self._hi.append(hi)
-            self._block.append(block)
+        n = len(ids)
+        if not n:
+            return
+        if not self._chunks or self._used[-1] + n > len(self._chunks[-1]):
+            self._chunks.append(np.empty((max(RANGE_CHUNK, n), 5), dtype=np.int32))
+            self._used.append(0)
+        rows = np.column_stack([np.full(n, step, dtype=np.int64), ids, lo, hi, block])
+        if rows.min() < INT32_MIN or rows.max() > INT32_MAX:
+            raise ValueError(f"step {step}: a range does not fit 32 bits")
+        at = self._used[-1]
+        self._chunks[-1][at : at + n] = rows
+        self._used[-1] = at + n
+
+    def _ranges(self):
+        """(steps, ids, lo, hi, block) int64 arrays of each chunk's used rows."""
+        for chunk, used in zip(self._chunks, self._used):
+            yield tuple(chunk[:used, c].astype(np.int64) for c in range(5))
 
     # ------------------------------------------------------------------ results
     def series(self, final_written: Mapping[int, int]) -> dict[str, np.ndarray]:
@@ -154,15 +167,14 @@ class WasteAccumulator:
         external = np.asarray(self._external, dtype=np.int64)
         reservation = np.zeros(n, dtype=np.int64)
         empty = np.zeros(n, dtype=np.int64)
-        if self._seq:
-            steps, ids = np.concatenate(self._steps), np.concatenate(self._seq)
-            lo, hi, block = np.concatenate(self._lo), np.concatenate(self._hi), np.concatenate(self._block)
-            top = int(ids.max()) + 1
+        if self._chunks:
+            top = max(int(chunk[:used, 1].max()) for chunk, used in zip(self._chunks, self._used)) + 1
             written = np.zeros(top, dtype=np.int64)
             known = [(sid, w) for sid, w in final_written.items() if 0 <= sid < top]
             if known:
                 sid, w = np.array(known, dtype=np.int64).T
                 written[sid] = w
+        for steps, ids, lo, hi, block in self._ranges():  # chunk by chunk: no copy of them all
             res = np.clip(written[ids] - lo, 0, hi - lo)
             size = hi - lo
             own = block < 0

@@ -15,8 +15,9 @@ recording on. Figures: wall time of the whole command (reading and checking the 
 its CPU seconds (user + system, from the kernel's accounting of that child), peak RSS, the
 trace's size, and steps while sequences run (the steps in which anything waits, runs or is
 swapped, read back from the trace's metrics) per wall second and per CPU second (idle steps and
-start-up count against both: lower bounds). The cases run :data:`PARALLEL` at a time: on a
-shared machine the wall times measure the load as much as the engine, the CPU seconds do not.
+start-up count against both: lower bounds). The cases run one at a time (``--workers N`` for more):
+on a shared machine the wall times still measure the load as much as the engine, the CPU seconds
+do not; each row keeps the 1-minute load average at its start and end.
 
 ``--baseline`` (default: commit 9fbef5e, the last before streaming and idle skipping, checked
 out with ``git worktree add``) runs the same cases with that commit's engine in the same
@@ -24,6 +25,7 @@ session. It refuses a log of more than 5,000 requests, so there it runs the firs
 (``--trace-count 5000``), and this engine runs those same 5,000 too, for a like-for-like row.
 
     python -m benchmarks replay-speed [--quick]
+    python benchmarks/bench_replay_speed.py [--workers N] [--logs azure-conv,mooncake-conv] [--no-baseline]
 """
 from __future__ import annotations
 
@@ -46,8 +48,25 @@ LOGS = {
     "mooncake-conv": (DATA / "mooncake_fast25" / "conversation_trace.jsonl", ["--length-scale", "1/16"]),
 }
 ALLOCATORS = {"paged": [], "orca-max": ["--allocator", "contiguous"]}
-PARALLEL = 6  # cases at once (the machine is shared: this takes a fair share of it)
+PARALLEL = 1  # cases at once: one, so that no case's wall time includes another's
 TARGETS = {"wall_s": 30.0, "peak_rss_mb": 400.0, "trace_mb": 150.0, "busy_steps_per_s": 5000.0}
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_info() -> dict:
+    """The CPU's model name and the vector-ISA flags that matter here, from /proc/cpuinfo."""
+    model, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {"cpu_model": model, "isa_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count()}
 
 
 def _baseline_root(commit: str = BASELINE_COMMIT) -> Path | None:
@@ -60,7 +79,8 @@ def _baseline_root(commit: str = BASELINE_COMMIT) -> Path | None:
 
 
 def _busy_steps(trace: Path) -> tuple[int, int]:
-    """(steps, steps in which anything waited, ran or was swapped) from a trace's metric lists."""
+    """(steps, steps in which anything waited, ran or was swapped) from a trace's metric lists (a
+    version-3 ``idle`` line stands for ``steps`` steps with its metrics)."""
     names = None
     steps = busy = 0
     with trace.open(encoding="utf-8") as f:
@@ -71,12 +91,16 @@ def _busy_steps(trace: Path) -> tuple[int, int]:
                 names = obj["metric_fields"]
                 at = [names.index(n) for n in ("num_running", "num_waiting", "num_swapped", "step_tokens")]
                 continue
-            if not head.startswith('{"type":"delta"'):
+            if head.startswith('{"type":"delta"'):
+                n = 1
+            elif head.startswith('{"type":"idle"'):
+                n = json.loads(line)["steps"]
+            else:
                 continue
             i = line.index('"metrics":[') + len('"metrics":[')
             values = line[i:line.index("]", i)].split(",")
-            steps += 1
-            busy += any(float(values[j]) for j in at)
+            steps += n
+            busy += n * any(float(values[j]) for j in at)
     return steps, busy
 
 
@@ -94,6 +118,7 @@ def case(root: Path, log: str, allocator: str, count: int | None, quick: bool) -
         if count is not None:
             cmd += ["--trace-count", str(count)]  # the old engine's spelling; the new one takes it as an alias
         env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+        load = os.getloadavg()[0]
         t0 = time.perf_counter()
         child = _Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err = child.communicate()
@@ -110,7 +135,8 @@ def case(root: Path, log: str, allocator: str, count: int | None, quick: bool) -
             "peak_rss_mb": round(child.peak_rss_kb / 1024, 1),
             "cpu_s": round(cpu, 2), "trace_mb": round(size / 1e6, 1), "busy_steps_per_s": round(busy / wall, 1),
             "busy_steps_per_cpu_s": round(busy / cpu, 1) if cpu else None,
-            "trace_kb_per_step": round(size / 1e3 / max(steps, 1), 2)}
+            "trace_kb_per_step": round(size / 1e3 / max(steps, 1), 2),
+            "load_average_1min": [round(load, 2), round(os.getloadavg()[0], 2)]}  # at the case's start and end
 
 
 class _Popen(subprocess.Popen):
@@ -130,18 +156,21 @@ class _Popen(subprocess.Popen):
         return pid, status
 
 
-def run(quick: bool = False, baseline: bool = True, workers: int = PARALLEL, partial: Path | None = None) -> dict:
-    """Every case, ``workers`` child processes at a time (each child's peak RSS and CPU seconds are
-    its own; wall times include the others' contention). ``partial``: a JSON file rewritten
-    after each case, so a run cut short keeps what it measured."""
+def run(quick: bool = False, baseline: bool = True, workers: int = PARALLEL, partial: Path | None = None,
+        logs: tuple[str, ...] = tuple(LOGS)) -> dict:
+    """Every case of ``logs``, ``workers`` child processes at a time (each child's peak RSS and CPU
+    seconds are its own; with more than one worker, wall times include the others' contention).
+    The whole Azure log runs first, then each like-for-like pair (this engine, then the old one,
+    back to back), then the rest. ``partial``: a JSON file rewritten after each case, so a run
+    cut short keeps what it measured."""
     from concurrent.futures import ThreadPoolExecutor
 
     base = _baseline_root() if baseline else None
     plan = []
-    for log in LOGS:
-        for allocator in ALLOCATORS:
-            plan.append(("this", ROOT, log, allocator, None))
-            if base is not None:
+    for log in logs:
+        plan += [("this", ROOT, log, allocator, None) for allocator in ALLOCATORS]
+        if base is not None:
+            for allocator in ALLOCATORS:
                 plan += [("this", ROOT, log, allocator, BASELINE_LIMIT), (BASELINE_COMMIT, base, log, allocator, BASELINE_LIMIT)]
     rows: list = [None] * len(plan)
     errors = []
@@ -164,7 +193,7 @@ def run(quick: bool = False, baseline: bool = True, workers: int = PARALLEL, par
         list(pool.map(one, range(len(plan))))
     rows = [r for r in rows if r]
     targets = [] if quick else targets_of(rows)
-    return {"pool_slots": POOL, "baseline": BASELINE_COMMIT if base is not None else None,
+    return {"pool_slots": POOL, **cpu_info(), "baseline": BASELINE_COMMIT if base is not None else None,
             "baseline_limit": BASELINE_LIMIT, "parallel": workers, "load_average_start": load_start,
             "load_average_end": list(os.getloadavg()), "rows": rows, "errors": errors,
             "targets": targets}
@@ -209,7 +238,18 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     from benchmarks.common import write_result
 
-    res = run("--quick" in sys.argv, baseline="--no-baseline" not in sys.argv,
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-baseline", action="store_true", help=f"skip commit {BASELINE_COMMIT}'s engine")
+    p.add_argument("--workers", type=int, default=PARALLEL, help=f"cases at once (default {PARALLEL})")
+    p.add_argument("--logs", default=",".join(LOGS), help=f"comma-separated, of {', '.join(LOGS)} (default all)")
+    args = p.parse_args()
+    chosen = tuple(x for x in args.logs.split(",") if x)
+    if not chosen or any(x not in LOGS for x in chosen):
+        p.error(f"--logs: each must be one of {', '.join(LOGS)}, got {args.logs!r}")
+    res = run(args.quick, baseline=not args.no_baseline, workers=max(1, args.workers), logs=chosen,
               partial=ROOT / "benchmarks" / "results" / "replay-speed.partial.json")
     print_result(res)
     print("wrote", write_result("replay-speed", {"command": "python -m benchmarks replay-speed", **res}))

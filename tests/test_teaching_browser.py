@@ -1,5 +1,6 @@
 """The teaching pages in a real browser: Streamlit in a subprocess, Debian Chromium through Playwright.
-Each page is opened in explore mode and at a guide step; screenshots land in test-output/."""
+Each page is opened in explore mode and at a guide step; screenshots land in test-output/. Presenter
+mode at 1280 x 720 (a prediction answered, → and ←) is test_presenter_browser.py's."""
 import re
 from pathlib import Path
 
@@ -70,30 +71,3 @@ def test_live_engine_streams_text_for_submitted_prompts():
         assert "What is the capital of France?" in body and "Name two planets." in body
         page.screenshot(path=str(OUT / "live-engine.png"), full_page=True)
 
-
-def test_presenter_mode_at_1280x720_with_a_prediction_and_the_arrow_keys():
-    """A projector's 1280 x 720: the sidebar is gone, the narration, the question and the slide's
-    figure fit on the screen; answering reveals the measured value; → goes to the next slide."""
-    OUT.mkdir(exist_ok=True)
-    with running_app() as url, chromium_page(1280, 720) as page:
-        page.goto(f"{url}/reserve-or-page?present=on")
-        settle(page)
-        assert page.locator('[data-testid="stException"]').count() == 0
-        assert not page.locator('[data-testid="stSidebar"]').is_visible()
-        body = page.inner_text("body")
-        assert "Step 1 of" in body and "Predict:" in body
-        plot = page.locator(".js-plotly-plot").first.bounding_box()
-        assert plot["y"] + 0.8 * plot["height"] <= 720, plot  # the figure is on the screen, not below it
-        page.screenshot(path=str(OUT / "reserve-or-page-present-1280x720.png"))
-        field = page.get_by_label(re.compile("^Predict: how many"))
-        field.fill("5")
-        field.press("Enter")
-        page.get_by_text(re.compile("Measured in this run")).first.wait_for(timeout=60_000)
-        settle(page)
-        page.screenshot(path=str(OUT / "reserve-or-page-present-answered-1280x720.png"))
-        page.locator('[data-testid="stAlertContentInfo"]').first.click()  # leave the input: keys go to the page
-        page.keyboard.press("ArrowRight")
-        page.get_by_text(re.compile("Step 2 of")).first.wait_for(timeout=60_000)
-        settle(page)
-        page.keyboard.press("ArrowLeft")
-        page.get_by_text(re.compile("Step 1 of")).first.wait_for(timeout=60_000)

@@ -310,9 +310,10 @@ def guide_steps(rec: TimedRun) -> list[GuideStep]:
                   f"the model computes all {a_comp} tokens in one prefill; its first token takes {ta:.2f} s (measured). "
                   f"Its {len(pa) // bs} full blocks are hashed as they fill. (The guide runs with blocks of {bs} on "
                   f"{rec.config.pool_slots:,} slots, whatever the sidebar says.)", {"step": 0, "focus": "A"}),
-        GuideStep("A chain of hashes", "Look at the hash table below: block 1's hash is computed from block 0's hash and "
+        GuideStep("A chain of hashes", "Each full block of A has a hash: block 1's hash is computed from block 0's hash and "
                   f"block 1's {bs} tokens, block 2's from block 1's, and so on. A block's hash therefore names its whole "
-                  "history: the same tokens after a different preamble get a different hash.", {"step": 0, "focus": "A"}),
+                  "history: the same tokens after a different preamble get a different hash. (Outside presenter mode "
+                  "the page lists A's chain of hashes under the block tables.)", {"step": 0, "focus": "A"}),
         GuideStep("B arrives", f"B arrives with the same preamble and its own question: {len(pb)} prompt tokens. A's "
                   f"full blocks are in the pool, each under its chained hash; the engine looks B's blocks up, {bs} "
                   "tokens at a time, before it computes anything.", {"step": 0, "focus": "A", "figure": "prefill"},

@@ -24,7 +24,7 @@ PAGES = (
              "submit prompts, watch SmolLM2's text stream while its blocks fill the pool"),
     PageInfo("pages/prefix_sharing.py", "Prefix sharing and copy-on-write", ":material/account_tree:",
              "prefix-sharing", 3, "a shared system prompt computed once; forked samples"),
-    PageInfo("pages/under_pressure.py", "Under pressure: swap or recompute", ":material/compress:",
+    PageInfo("pages/under_pressure.py", "Under pressure: swap versus recompute", ":material/compress:",
              "under-pressure", 4, "a load spike on a small pool, preempted two ways"),
     PageInfo("pages/block_size.py", "Block size and pool sizing", ":material/grid_view:", "block-size", 5,
              "a block-size sweep and a pool calculator"),

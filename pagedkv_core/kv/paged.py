@@ -95,7 +95,7 @@ class BlockManager:
         return [len(t) for t in tables], None, tables
 
     def table_view(self, seq: Sequence, context_len: int) -> list[int]:
-        return self.tables[seq.seq_id][: cdiv(context_len, self.block_size)]
+        return self.tables[seq.seq_id][: -(-context_len // self.block_size)]
 
     def slots_for(self, seq: Sequence, start: int, count: int) -> list[int]:
         table, bs = self.tables[seq.seq_id], self.block_size
@@ -238,7 +238,7 @@ class BlockManager:
             b = table[j]
             if off + 1 < bs and fill[b] == off and blocks[b].ref_count == 1:  # its block does not fill up: one slot
                 if log.active:
-                    log.filled(b, off, tokens[start:start + 1])
+                    log.filled(b, off, [tokens[start]])
                 fill[b] = off + 1
                 self.filled_slots += 1
                 return

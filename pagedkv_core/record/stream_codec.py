@@ -92,6 +92,9 @@ def pack_file_record(fields: dict[str, np.dtype], record: bytes, before: dict | 
     parts = []
     for i, (name, dtype) in enumerate(fields.items()):
         a = values[name]
+        if not len(a):  # most fields of most records
+            widths[i] = dtype.itemsize
+            continue
         counts[i] = len(a)
         if name in DELTA_FIELDS and len(a) and dtype.kind in "iu":
             u = a.view(_UNSIGNED[dtype.itemsize])

@@ -170,7 +170,7 @@ class Run:
         return held
 
     def trace_bytes(self) -> bytes:
-        """This run as a version-2 trace (see :mod:`pagedkv_core.record.trace_file`)."""
+        """This run as a trace, in the current version (see :mod:`pagedkv_core.record.trace_file`)."""
         with tempfile.TemporaryDirectory() as d, self._lock:
             path = write_recording(Path(d) / "trace.jsonl", self.recording, json_header(self.header))
             return path.read_bytes()

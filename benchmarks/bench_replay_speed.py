@@ -252,4 +252,5 @@ if __name__ == "__main__":
     res = run(args.quick, baseline=not args.no_baseline, workers=max(1, args.workers), logs=chosen,
               partial=ROOT / "benchmarks" / "results" / "replay-speed.partial.json")
     print_result(res)
-    print("wrote", write_result("replay-speed", {"command": "python -m benchmarks replay-speed", **res}))
+    command = " ".join(["python benchmarks/bench_replay_speed.py", *sys.argv[1:]])
+    print("wrote", write_result("replay-speed", {"command": command, **res}))

@@ -84,6 +84,7 @@ class Engine:
         self._feed = None  # requests still to come, pulled as they arrive (feed())
         self._feed_next = None  # the next of them, pulled ahead to read its arrival step
         self._release_finished = False  # feed(): forget a request once its last output is returned
+        self._on_release = None  # feed(on_release=...): told of each sequence it forgets
         self.num_requests = 0  # added so far (released ones included)
         self.skip_idle = skip_idle
         self.step_index = 0
@@ -145,14 +146,15 @@ class Engine:
         rid = self.add_request(request_id, [], arrival_step=arrival_step)
         self._doomed.setdefault(rid, str(reason))
 
-    def feed(self, requests) -> None:
+    def feed(self, requests, on_release=None) -> None:
         """Requests that come later, pulled lazily: ``requests`` is an iterable, in
         non-decreasing ``arrival_step`` order, of objects with an ``arrival_step`` and a
         ``submit(engine)`` that adds them (:meth:`add_request` or :meth:`add_rejected`). Each is
         submitted in the step it arrives. From then on a request is forgotten once its last
         output is returned (``requests`` and :meth:`get_request` hold only the live ones), so a
-        log of any length runs in the memory of the requests alive. Belady eviction needs every
-        request up front, and is refused here (ValueError)."""
+        log of any length runs in the memory of the requests alive. ``on_release(seq)``, if given,
+        is called with each sequence of a request as it is forgotten (what it wrote is final).
+        Belady eviction needs every request up front, and is refused here (ValueError)."""
         if self.config.eviction == "belady":
             raise ValueError("Belady eviction needs every request up front: add them with add_request, not feed")
         if self._feed is not None:
@@ -160,6 +162,7 @@ class Engine:
         self._feed = iter(requests)
         self._feed_next = next(self._feed, None)
         self._release_finished = True
+        self._on_release = on_release
 
     def _pull_feed(self, step: int) -> None:
         while self._feed_next is not None and self._feed_next.arrival_step <= step:
@@ -378,6 +381,8 @@ class Engine:
         self.requests.pop(request.request_id, None)
         for s in request.seqs:
             self.scheduler.seqs.pop(s.seq_id, None)
+            if self._on_release is not None:
+                self._on_release(s)
 
     def _metrics(self, counts: StepCounts, execute_s: float, seq_num_blocks, head_need: int = 0,
                  idle_skipped: int = 0) -> StepMetrics:

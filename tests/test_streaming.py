@@ -76,6 +76,36 @@ def test_a_streamed_log_feeds_the_requests_the_built_one_adds(tmp_path):
     assert run(True) == run(False)
 
 
+@pytest.mark.parametrize("allocator", ["paged", "contiguous"])
+def test_a_streamed_runs_waste_split_is_the_built_runs(tmp_path, allocator):
+    """A streamed engine forgets finished sequences; what they wrote reaches the waste split
+    through feed(on_release=...), so their empty reserved slots stay reservation, not internal."""
+    from pagedkv_core.record.waste import Released, WasteAccumulator, final_written
+
+    path = _csv(tmp_path / "log.csv", 200, every_s=0.3, prompt=40, answer=30)
+    built = load_workload_file(path, count=200, max_tokens="answer")
+    streamed = stream_workload_file(path, max_tokens="answer")
+
+    def split(feed: bool) -> dict:
+        engine = Engine(EngineConfig(pool_slots=2048, allocator=allocator), ScriptedSource())
+        released = Released()
+        if feed:
+            engine.feed(streamed.requests(), on_release=released)
+        else:
+            built.submit(engine)
+        waste = WasteAccumulator()
+        while engine.has_unfinished():
+            engine.step(snapshot=False)
+            waste.add_engine(engine)
+        if feed:
+            assert not engine.scheduler.seqs and len(released) == 200
+        return waste.breakdown(final_written(engine, released))
+
+    built_split = split(False)
+    assert built_split["reservation"] > 0
+    assert split(True) == built_split
+
+
 def test_the_cap_stays_with_its_message(tmp_path, monkeypatch):
     from pagedkv_core.workloads import scenarios
 

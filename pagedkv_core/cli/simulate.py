@@ -35,7 +35,7 @@ from ..config import ConfigError, setting_spec
 from ..engine import Engine
 from ..sources.scripted import ScriptedSource
 from ..safe_io import check_writable
-from ..record.waste import CLASSES, WasteAccumulator, final_written
+from ..record.waste import CLASSES, Released, WasteAccumulator, final_written
 from ..workloads.hashed_log import DEFAULT_CONTEXT as HASHED_LOG_CONTEXT
 from ..workloads.scenarios import WORKLOADS, LogOptions, LogStream, build_workload, load_workload_file, stream_workload_file
 from .flags import add_engine_args, config_from_args
@@ -109,8 +109,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         sink = open_kv_events(args, config.block_size)
         engine = Engine(config, ScriptedSource(), recording=writer, kv_event_sink=sink, skip_idle=True)
+        released = Released()  # a streamed run forgets finished sequences: the waste split needs their ends
         if isinstance(workload, LogStream):
-            engine.feed(workload.requests() if writer is None else _listed(workload.requests(), writer))
+            engine.feed(workload.requests() if writer is None else _listed(workload.requests(), writer),
+                        on_release=released)
         else:
             workload.submit(engine)
         if writer is not None:
@@ -127,7 +129,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if sink is not None:
             sink.close()
     out = engine.summary().to_json()
-    breakdown = waste.breakdown(final_written(engine))
+    breakdown = waste.breakdown(final_written(engine, released))
     out["waste_breakdown"] = {k: breakdown[k] for k in CLASSES}
     out["token_share"] = breakdown["token_share"]
     out["workload"] = workload.name

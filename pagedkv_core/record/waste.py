@@ -49,10 +49,19 @@ RANGE_CHUNK = 1 << 16  # ranges a chunk holds (1.3 MB)
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
-def final_written(engine) -> dict[int, int]:
+def final_written(engine, released: Mapping[int, int] | None = None) -> dict[int, int]:
     """Per sequence id: the positions whose K/V the sequence holds at its end (see the module
-    docstring). Call it after the run; a sequence still unfinished counts what it holds now."""
-    return {sid: seq.num_computed for sid, seq in engine.scheduler.seqs.items()}
+    docstring). Call it after the run; a sequence still unfinished counts what it holds now.
+    ``released``: the same for the sequences a streamed engine forgot (:class:`Released`)."""
+    return {**(released or {}), **{sid: seq.num_computed for sid, seq in engine.scheduler.seqs.items()}}
+
+
+class Released(dict):
+    """What each sequence a streamed engine forgot had written (``Engine.feed(on_release=...)``):
+    without it their allocated empty slots could not be told reservation from internal."""
+
+    def __call__(self, seq) -> None:
+        self[seq.seq_id] = seq.num_computed
 
 
 class WasteAccumulator:

@@ -336,8 +336,9 @@ class Engine:
     def _outputs(self, build: bool = True) -> list[RequestOutput]:
         """The touched requests' outputs, in submission order (``build=False``: none, the
         finished are only counted and released)."""
-        if not build:
-            for request in self.scheduler.touched:
+        touched = sorted(self.scheduler.touched, key=lambda r: r.index)
+        if not build:  # the same releases, in the same order
+            for request in touched:
                 finished = request.reject_reason is None and request.finished
                 if finished:
                     self.num_finished += 1
@@ -346,7 +347,7 @@ class Engine:
             return []
         sampled = self.scheduler.sampled
         outputs = []
-        for request in sorted(self.scheduler.touched, key=lambda r: r.index):
+        for request in touched:
             if request.reject_reason is not None:
                 outs = [CompletionOutput(i, [], [], FINISH_REJECTED) for i in range(request.n)]
                 outputs.append(

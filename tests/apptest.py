@@ -29,7 +29,7 @@ class LiveChart:
     type = "plotly_chart"
 
     def __init__(self, element):
-        data = json.loads(element.proto.json)
+        data = live_chart.received(json.loads(element.proto.json))
         fig = live_chart.sent_figure(data)
         assert fig is not None, f"live chart {element.proto.id} carries no whole figure in a full run"
         self.key = element.key

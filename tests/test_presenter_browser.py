@@ -3,13 +3,11 @@ and Real traffic, every prediction answered, each with its whole figure on the s
 next slide and ← back. The rest of presenter mode, on every lesson, is checked under AppTest in
 test_presenter_pages.py."""
 import re
-import time
-import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.browser import IDLE, chromium_page, running_app, wait_idle
+from tests.browser import answer_prediction, chromium_page, running_app, wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -53,43 +51,3 @@ def test_slides_fit_a_projector_in_chromium():
                 slide += 1
                 page.get_by_text(re.compile(f"Step {slide} of")).first.wait_for(timeout=120_000)
 
-
-def answer_prediction(page, shot: Path) -> bool:
-    """Answer the slide's prediction, if it asks one (whether it did), and wait for the measured answer. The wait
-    follows the page, not a clock: as long as the script runs, it waits (up to 10 minutes); once
-    the page has sat idle for 15 s without the answer, the answer was not taken (the first try
-    once timed out in CI under the classroom load test, not reproduced since): it is screenshot,
-    said in a warning, and given once more, and a second loss fails the test."""
-    for attempt in range(2):
-        radios = page.locator('[data-testid="stRadio"]').filter(has_text="Predict:")
-        numbers = page.get_by_label(re.compile("^Predict:"))
-        if radios.count():
-            radios.first.locator('[data-testid="stRadioOption"]').first.click()
-        elif numbers.count():
-            numbers.first.fill("5")
-            numbers.first.press("Enter")
-        else:
-            return False
-        if revealed(page):
-            return True
-        page.screenshot(path=str(shot))
-        assert attempt == 0, f"the prediction's answer was not taken, twice: {shot}"
-        warnings.warn(f"the prediction's answer was not taken at the first try; given again: {shot}")
-
-
-def revealed(page, idle_for: float = 15.0, bound: float = 600.0) -> bool:
-    reveal = page.get_by_text(re.compile("Measured in this run")).first
-    idle = page.locator(IDLE)
-    start = time.monotonic()
-    idle_since = None
-    while time.monotonic() - start < bound:
-        if reveal.is_visible():
-            return True
-        if idle.count():
-            idle_since = idle_since or time.monotonic()
-            if time.monotonic() - idle_since > idle_for:
-                return False
-        else:
-            idle_since = None
-        page.wait_for_timeout(250)
-    return False

@@ -25,6 +25,10 @@ def test_slides_fit_a_projector_in_chromium():
             slide = 1
             titles = []  # each slide's figure title, as the browser drew it
             while True:
+                # The slide's run under way (its header), then done: only then is "no question
+                # here" an answer, not a page still arriving.
+                page.get_by_text(re.compile(f"Step {slide} of")).first.wait_for(timeout=600_000)
+                wait_idle(page, 600_000)
                 asked = answer_prediction(page, out / f"{path}-slide-{slide}-unanswered.png")
                 if path == "reserve-or-page" and slide == 1:
                     assert asked, "Reserve or page's first slide asks no prediction"

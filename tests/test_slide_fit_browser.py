@@ -51,6 +51,8 @@ def test_every_slide_ends_above_the_bottom_edge_and_nothing_is_fetched_from_else
         slide, seen = 1, []
         while True:
             for answered in (False, True):  # the slide as it asks, then with the measured answer
+                page.get_by_text(re.compile(f"Step {slide} of")).first.wait_for(timeout=600_000)
+                wait_idle(page, 600_000)  # the slide's run done: "no question here" is an answer
                 if answered and not answer_prediction(page, OUT / f"slide-fit-{slide}-unanswered.png"):
                     break
                 wait_idle(page, 600_000)

@@ -208,9 +208,12 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_malformed_v2_traces_raise_one_line_trace_errors(tmp_path, burst, case):
     snaps, header = burst
-    make, fragment = CASES[case]
-    path = tmp_path / "bad.jsonl"
-    write_lines(path, make(valid_lines(snaps, header, tmp_path)))
+    assert_one_line_error(tmp_path / "bad.jsonl", valid_lines(snaps, header, tmp_path), *CASES[case])
+
+
+def assert_one_line_error(path, lines, make, fragment) -> None:
+    """The trace written from ``make(lines)`` fails to load with a one-line TraceError naming ``fragment``."""
+    write_lines(path, make(lines))
     with pytest.raises(TraceError, match=fragment) as info:
         load_recording(path)
     assert "\n" not in str(info.value)
@@ -422,12 +425,7 @@ V3_CASES = {
 @pytest.mark.parametrize("case", sorted(V3_CASES))
 def test_malformed_v3_traces_raise_one_line_trace_errors(tmp_path, burst, case):
     snaps, header = burst
-    make, fragment = V3_CASES[case]
-    path = tmp_path / "bad3.jsonl"
-    write_lines(path, make(v3_lines(snaps, header, tmp_path)))
-    with pytest.raises(TraceError, match=fragment) as info:
-        load_recording(path)
-    assert "\n" not in str(info.value)
+    assert_one_line_error(tmp_path / "bad3.jsonl", v3_lines(snaps, header, tmp_path), *V3_CASES[case])
 
 
 def test_v3_file_records_round_trip_any_values():

@@ -14,6 +14,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Finished real-model lesson runs are kept on disk (ui/run_store.py) and read back by every later
+# process with the same code: the app servers the browser tests start, and the workers' AppTest
+# pages. A run of the suite gets a store of its own (made here, on the controller, before the
+# workers start, and removed at its end), so that each run computes each lesson's run once, and
+# never reads one a run before it left behind.
+if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("PAGEDKV_RUN_STORE"):
+    import atexit
+    import shutil
+    import tempfile
+
+    _RUN_STORE = tempfile.mkdtemp(prefix="pagedkv-test-runs-")
+    os.environ["PAGEDKV_RUN_STORE"] = _RUN_STORE
+    atexit.register(shutil.rmtree, _RUN_STORE, ignore_errors=True)
+
 
 import pytest  # noqa: E402
 

@@ -51,6 +51,15 @@ class GuardedRecording(Recording):
         super().__init__(keyframe_every)
         self.lock = threading.RLock()
 
+    def __getstate__(self) -> dict:  # a stored run's recording (ui.run_store): the steps, not the lock
+        state = dict(self.__dict__)
+        del state["lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
     def start(self, *args, **kwargs) -> None:
         with self.lock:
             super().start(*args, **kwargs)

@@ -25,6 +25,7 @@ from pagedkv_core.engine import Engine
 from pagedkv_core.events import ADMIT, CACHE_HIT, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN
 from pagedkv_core.outputs import RequestOutput
 from pagedkv_core.sampling import SamplingParams
+from ui import run_store
 from ui.live_stepper import GuardedRecording
 from ui.runs.model import Run
 
@@ -283,16 +284,36 @@ def new_timed_run(label: str, config: EngineConfig, make_engine: MakeEngine) -> 
 def cached(scenario: Callable, config: EngineConfig, *args, spinner: str = "Running SmolLM2…"):
     """``scenario(make_engine, tokenizer, config, *args)`` on the sidebar's model, run once per
     process for each config and arguments and kept in ``st.cache_resource``: a TimedRun, or what
-    the scenario returns (several runs). None (after st.error) when the model cannot load."""
+    the scenario returns (several runs). A run this machine finished before with the same code,
+    model and precision is read back from the run store (:mod:`ui.run_store`) instead. None
+    (after st.error) when the model cannot load."""
     from ui.models import engine_factory, model_path
 
     make = engine_factory()
     if make is None:
         return None
+    runner = make.runner
+    precision = f"{type(runner).__qualname__}|{getattr(runner, 'device', '')}|{getattr(runner, 'dtype', '')}"
     with st.spinner(spinner):
-        return _cached_run(f"{scenario.__module__}.{scenario.__qualname__}", config, args, model_path(), scenario, make)
+        return _cached_run(f"{scenario.__module__}.{scenario.__qualname__}", config, args, model_path(), precision,
+                           scenario, make)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _cached_run(name: str, config: EngineConfig, args: tuple, model_path: str, _scenario, _make):
-    return _scenario(_make, _make.tokenizer, config, *args)
+def _cached_run(name: str, config: EngineConfig, args: tuple, model_path: str, precision: str, _scenario, _make):
+    key = run_store.run_key(name, config, args, _model_id(model_path), precision)
+    stored = run_store.load(key)
+    if stored is not None:
+        return stored
+    result = _scenario(_make, _make.tokenizer, config, *args)
+    run_store.save(key, result)
+    return result
+
+
+def _model_id(model_path: str) -> str:
+    """The model file (or folder) a run used: its path, size and time of change."""
+    from pagedkv_core.sources.model.loader import resolve_source
+
+    source = resolve_source(model_path or None)
+    files = [source] if source.is_file() else sorted(p for p in source.iterdir() if p.is_file())
+    return "|".join(f"{p.resolve()}:{p.stat().st_size}:{int(p.stat().st_mtime)}" for p in files)

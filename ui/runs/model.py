@@ -82,6 +82,21 @@ class Run:
         # lock it is written under: reading it under the same lock sees whole steps only.
         self._lock = getattr(self.recording, "lock", None) or self._lock
 
+    def __getstate__(self) -> dict:
+        """What a stored run keeps (:mod:`ui.run_store`): its recorded steps and facts, not its lock
+        or the snapshots rebuilt from the steps. A run still holding its engine is not stored."""
+        if self.engine is not None:
+            raise TypeError(f"run {self.label!r} still holds its engine: release it before storing it")
+        state = dict(self.__dict__)
+        del state["_lock"]
+        state["_snaps"] = OrderedDict()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self.__post_init__()
+
     @property
     def allocator(self) -> str:
         """The allocator's registry name (``paged``, ``contiguous``, ``contiguous-pow2``, ...)."""

@@ -1,6 +1,7 @@
 """Finished lesson runs kept on disk (ui/run_store.py): a stored run reads back step for step, with
 its outputs and measured step times; a run that still holds its engine is never stored; anything
-a run depends on changes its key; a file that cannot be read is run again; the store can be off."""
+a run depends on changes its key; a file that cannot be read is run again; a folder others may write
+into is never read; the store can be off."""
 from __future__ import annotations
 
 import os
@@ -68,6 +69,15 @@ def test_the_key_follows_everything_a_run_depends_on():
         changed = list(base)
         changed[i] = other
         assert run_store.run_key(*changed) != key, i
+
+
+def test_a_folder_others_may_write_into_is_never_read(store):
+    key = run_store.run_key("x", EngineConfig(), (), "m", "p")
+    assert run_store.save(key, pressure_runs())
+    os.chmod(store, 0o777)  # anybody could have put a pickle there
+    assert run_store.load(key) is None and not run_store.save(key, pressure_runs())
+    os.chmod(store, 0o700)
+    assert run_store.load(key) is not None
 
 
 def test_an_unreadable_file_is_run_again_and_the_store_can_be_off(store, monkeypatch):

@@ -9,8 +9,9 @@ model and the torch version. A run is stored only once it has ended and let go o
 (``TimedRun.release``), with its recorded steps, outputs and step times.
 
 The files live in ``$PAGEDKV_RUN_STORE``, else ``runs/`` of the model cache (``$PAGEDKV_CACHE``,
-default ``~/.cache/pagedkv``), a folder only its owner may read or write: a file there is read
-back with pickle, so it is trusted as the model cache is. ``PAGEDKV_RUN_STORE=off`` turns the
+default ``~/.cache/pagedkv``), made so that only its owner may read or write it: a file there is
+read back with pickle, so it is trusted as the model cache is, and a folder that others may write
+into is neither read nor written. ``PAGEDKV_RUN_STORE=off`` turns the
 store off. A file that cannot be read (cut short, another version) is run again and replaced; a
 store that cannot be written is skipped without a word: the run is in memory either way.
 """
@@ -72,10 +73,21 @@ def run_key(name: str, config, args: tuple, model_id: str, precision: str) -> st
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
+def _private(folder: Path) -> bool:
+    """Whether ``folder`` is this user's own and nobody else may write into it: only then are its
+    files read with pickle."""
+    try:
+        st = folder.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def load(key: str):
-    """The stored run under ``key``, or None (missing, unreadable, or the store is off)."""
+    """The stored run under ``key``, or None (missing, unreadable, the store is off, or its folder
+    is one that others may write into)."""
     folder = store_dir()
-    if folder is None:
+    if folder is None or not _private(folder):
         return None
     try:
         with open(folder / f"{key}.pkl", "rb") as f:
@@ -86,12 +98,15 @@ def load(key: str):
 
 def save(key: str, value) -> bool:
     """Store ``value`` under ``key`` (written whole, then renamed into place). False when it was
-    not stored: the store is off or cannot be written, or a run in it still holds its engine."""
+    not stored: the store is off, cannot be written or is not private, or a run in it still holds
+    its engine."""
     folder = store_dir()
     if folder is None or not _finished(value):
         return False
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not _private(folder):
+            return False
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:

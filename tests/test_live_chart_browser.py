@@ -101,3 +101,18 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
         steps = [s["step"] for s in samples]
         assert steps[-1] > steps[0], "the run did not advance while sampled"
         assert len({s["z"] for s in samples}) >= MIN_FRAMES  # new data, on the same node
+        # Drawn in pixels, not in Plotly's "responsive" mode (a chart first drawn into a node that
+        # already had a height stayed 0 px high there), and still as wide as the page: a narrower
+        # window narrows it.
+        box = page.evaluate(BOX, CHART)
+        assert box["height"] > 100 and box["svg"].endswith("px") and abs(box["width"] - box["parent"]) <= 1, box
+        page.set_viewport_size({"width": 900, "height": 720})
+        page.wait_for_function(f"(sel) => ({BOX})(sel).width < {box['width'] - 100} && "
+                               f"Math.abs(({BOX})(sel).width - ({BOX})(sel).parent) <= 1", arg=CHART, timeout=60_000)
+
+
+# A live chart's plot box: its width and height, the svg container's style width, and its node's width.
+BOX = """(sel) => { const gd = document.querySelector(sel); const sc = gd && gd.querySelector('.svg-container');
+  if (!sc) return {width: 0, height: 0, svg: '', parent: -1};
+  const r = sc.getBoundingClientRect();
+  return {width: r.width, height: r.height, svg: sc.style.width, parent: gd.getBoundingClientRect().width}; }"""

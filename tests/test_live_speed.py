@@ -15,7 +15,7 @@ from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sources.scripted import ScriptedSource
 from ui.live_stepper import GuardedRecording, LiveStepper
 from ui.models import CoreShare, CoreSharingSource
-from ui.runs.live import LIVE_BATCH_TOKENS, LiveRun, live_configs
+from ui.runs.live import LIVE_BATCH_TOKENS, LiveRun, live_configs, live_workload_note
 
 PROMPTS = 16
 PROMPT_LEN = 38  # about the chat prompts' length
@@ -69,6 +69,14 @@ def test_the_live_configs_carry_the_budget():
     assert [c.allocator for c in configs] == ["contiguous", "paged"]
     assert [c.max_batch_tokens for c in configs] == [LIVE_BATCH_TOKENS, LIVE_BATCH_TOKENS]
     assert LIVE_BATCH_TOKENS >= PROMPTS  # a full batch of decodes always fits one step
+
+
+def test_the_pages_say_what_the_real_model_runs_in_place_of_the_workload():
+    # issue 21: the workload silently became 16 chat prompts while the sidebar still showed the old one
+    assert live_workload_note("trickle").startswith("SmolLM2 runs 16 chat prompts (answers of up to 256 tokens), "
+                                                    "not the trickle workload")
+    said = live_workload_note("azure-conv")
+    assert said.startswith("SmolLM2 replays the first 16 requests of Azure's conversation log") and "1/8" in said
 
 
 # ---------------------------------------------------------------------------- the stepping thread
@@ -176,6 +184,10 @@ def test_the_live_page_starts_within_the_budget_and_step_advances_by_one():
     from tests.apptest import open_page
 
     at = open_page("pages/reserve_or_page.py", source="model")
+    # the page and the sidebar say which requests the real model runs in place of the workload
+    for where in (at.main, at.sidebar):
+        said = [c.value for c in where.caption]
+        assert sum("SmolLM2 runs 16 chat prompts" in c and "not the explainer40 workload" in c for c in said) == 1, said
     runs = at.session_state["_live_stepper"].runs
     assert [r.allocator for r in runs] == ["contiguous", "paged"]
     for run in runs:

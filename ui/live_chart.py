@@ -136,6 +136,9 @@ async function draw(c) {
         await Plotly.react(c.div, fig.data, bold(fig.layout), m.config || {});
       }
       c.drawn = true;
+      // drawn before its container had its width (a busy browser): fit the width now
+      const full = c.div._fullLayout;
+      if (full && Math.abs(full.width - c.div.getBoundingClientRect().width) > 1) Plotly.Plots.resize(c.div);
       c.rev = m.rev;
       c.div.dataset.rev = String(m.rev);
       c.div.dataset.how = grown ? "extend" : (m.full ? "react-full" : "react");
@@ -326,7 +329,11 @@ def show_chart(fig, key: str, *, config: dict | None = None, where=None) -> None
     run = _full_run()
     fresh = state.get("run") is not run
     state["run"] = run
-    msg = message(state, figure_json(fig), {"responsive": True, **(config or {})}, plotly_url(), fresh=fresh)
+    # Not Plotly's "responsive" mode: there the plot's box is 100% of a node that has no height of its
+    # own, and a chart first drawn into a node that already had a height (a busy browser, now and
+    # then) stayed 0 px high: a slide without its figure. The box is the figure's size in pixels, and
+    # the chart follows its container's width through the component's ResizeObserver.
+    msg = message(state, figure_json(fig), {"responsive": False, **(config or {})}, plotly_url(), fresh=fresh)
     msg["key"] = key  # on the chart's node as data-key, for tests and style sheets
     with where if where is not None else contextlib.nullcontext():
         _mount(key=key, data=wire(msg), width="stretch", height="content",

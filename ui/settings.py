@@ -318,6 +318,10 @@ def sidebar() -> None:
         from pagedkv_core.workloads.scenarios import workload_description
 
         sb.caption(workload_description(current("workload")))
+        if current("source") == "model":  # the real model runs real prompts instead (ui.runs.live)
+            from ui.runs.live import live_workload_note
+
+            sb.caption(live_workload_note(str(current("workload"))))
     sb.file_uploader("…or a workload file (.json, .csv or .jsonl)", type=["json", "csv", "gz", "jsonl"],
                      key="workload_upload", max_upload_size=workshop.upload_cap_mb(),
                      help='A JSON list of {"id", "prompt" or "prompt_len", "output_len", "max_tokens", "arrival_step", "n"}, '

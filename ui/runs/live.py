@@ -71,6 +71,21 @@ def live_requests(tokenizer, replay: bool) -> list[LiveRequest]:
             for i, text in enumerate(CHAT_PROMPTS)]
 
 
+def live_workload_note(workload: str) -> str:
+    """What the live pair runs in place of the sidebar's scripted ``workload`` (the pages and the
+    sidebar say it, so that the requests on the screen are never a surprise)."""
+    from pagedkv_core.workloads.prompts import CHAT_PROMPTS
+
+    n = len(CHAT_PROMPTS)
+    if workload.startswith("azure-conv"):
+        return (f"SmolLM2 replays the first {n} requests of Azure's conversation log as real text, their prompt "
+                f"and answer lengths scaled to 1/{round(1 / LIVE_LOG_SCALE)}: the rest of the {workload} workload "
+                "does not run on the real model.")
+    return (f"SmolLM2 runs {n} chat prompts (answers of up to {REAL_MAX_TOKENS} tokens), not the {workload} "
+            f"workload: a real model needs real prompts. An azure-conv workload replays the first {n} requests "
+            "of Azure's log instead.")
+
+
 def check_live_fits(make, configs: list[EngineConfig], budget: int) -> list[int]:
     """Each config's KV pools (bytes) on ``make``'s model (a :class:`ui.models.EngineFactory`),
     after checking that the pools and the runs' fixed parts fit ``budget``: BudgetError (a

@@ -9,7 +9,7 @@ import streamlit as st
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.kv.registry import CONTIGUOUS_POLICIES
 from ui import settings
-from ui.runs.live import live_configs
+from ui.runs.live import live_configs, live_workload_note
 from ui.runs.model import Run
 from ui.runs.scripted import scripted_pair
 from ui.runs.session import live_pair, report_stops, uploaded_trace
@@ -37,7 +37,9 @@ def current_runs() -> list[Run] | None:
         if settings.current("source") == "model":
             # An Azure request-log workload in the sidebar: replay its first 16 requests' lengths
             # (x1/8) on SmolLM2, real-text prompts and answers of exactly those lengths.
-            replay = str(settings.current("workload")).startswith("azure-conv")
+            workload = str(settings.current("workload"))
+            replay = workload.startswith("azure-conv")
+            st.caption(live_workload_note(workload))
             return live_pair(live_configs(contiguous_allocator(), **settings.engine_settings()), replay)
         runs = scripted_pair(settings.current_workload(), contiguous_allocator(), **settings.engine_settings())
     except ConfigError as exc:

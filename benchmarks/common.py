@@ -81,14 +81,9 @@ def useful_tokens(ids: list[int], eos: int | None) -> list[int]:
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from pagedkv_core.sources.model import cpu_model_name
+
+    return cpu_model_name() or platform.processor() or platform.machine()
 
 
 def _installed(dist: str) -> str | None:

@@ -137,14 +137,9 @@ def pytest_runtest_logreport(report):
 
 def machine_lines() -> list[str]:
     """The CPU model, its cores and which of :data:`CPU_FLAGS` it has (read from /proc/cpuinfo)."""
-    from pagedkv_core.sources.model import _cpuinfo_flags, cpu_supports_bf16
+    from pagedkv_core.sources.model import _cpuinfo_flags, cpu_model_name, cpu_supports_bf16
 
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
+    model = cpu_model_name() or "unknown"
     flags = _cpuinfo_flags() or set()
     return [f"CPU: {model}, {os.cpu_count()} cores",
             f"flags: {' '.join(f for f in CPU_FLAGS if f in flags) or '-'}"

@@ -57,12 +57,9 @@ def _machine() -> str:
     """The CPU model, the settings that choose torch's kernels, and torch's version."""
     import torch
 
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
+    from pagedkv_core.sources.model import cpu_model_name
+
+    model = cpu_model_name()
     chosen = [os.environ.get(v, "") for v in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "PAGEDKV_CPU_FLAGS")]
     return f"{model}|{chosen}|torch {torch.__version__}"
 

@@ -32,6 +32,15 @@ def _proc_cpuinfo_flags() -> set[str] | None:
     return None
 
 
+def cpu_model_name() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` ("" where there is no such file or line)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
 def cpu_supports_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16), i.e. whether the bf16
     engine is worth offering: there its matmuls run 2-4x the fp32 rate; elsewhere oneDNN emulates

@@ -51,6 +51,30 @@ def test_a_held_frame_is_the_last_one_sent_and_play_goes_on_once_it_is_drawn():
     assert step(at) > seen[-1]
 
 
+def test_a_frame_never_reported_drawn_holds_the_playback_for_a_bounded_time(monkeypatch):
+    """A browser that keeps reporting an earlier frame is still drawing: the last frame is sent
+    again, but only for HOLD_S; then it counts as drawn and playing goes on (a lost or dropped
+    frame must not stop the playback for good)."""
+    clock = [100.0]
+    monkeypatch.setattr(player.time, "monotonic", lambda: clock[0])
+    state = {"playing": False}
+    monkeypatch.setattr(player, "_state", lambda key: state)
+    monkeypatch.setattr(player.st, "session_state", {"k_step": 0, "k_speed": 10})
+    player.start("k")
+    clock[0] += 0.2
+    first = player.tick("k", 1000)  # the browser drew step 0: a frame
+    clock[0] += 0.2
+    second = player.tick("k", 1000)  # and that frame: the next
+    assert 0 < first < second
+    for _ in range(int(player.HOLD_S / 0.2) - 1):  # the browser still reports the first frame
+        clock[0] += 0.2
+        player.st.session_state["k_step"] = first
+        assert player.tick("k", 1000) == second
+    clock[0] += 0.4
+    player.st.session_state["k_step"] = first
+    assert player.tick("k", 1000) > second
+
+
 def test_play_starts_from_the_step_on_the_screen():
     at = open_page(POOL_PAGE)
     at.slider(key="rop_step").set_value(40).run()

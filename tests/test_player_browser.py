@@ -45,9 +45,18 @@ def shown_step(page) -> int:
 
 # The step on the screen at the moment a press reaches the page (Playwright's click takes a
 # while to get there, and frames land meanwhile): noted by a listener that runs before the app's.
-NOTE_PRESS = """() => document.addEventListener('pointerdown', () => {
-    const s = document.querySelector('%s'); window.__shownAtPress = s ? +s.getAttribute('value') : null;
-}, true)""" % STEP
+# The page's script runs are counted too (stApp's run state turning to "running"), so that a page
+# that stops moving tells whether its ticks stopped reaching the server or came back unchanged.
+NOTE_PRESS = """() => {
+    document.addEventListener('pointerdown', () => {
+        const s = document.querySelector('%s'); window.__shownAtPress = s ? +s.getAttribute('value') : null;
+        window.__runsAtPress = window.__runs || 0;
+    }, true);
+    window.__runs = 0;
+    const app = document.querySelector('[data-testid="stApp"]');
+    new MutationObserver(() => { if (app.getAttribute('data-test-script-state') === 'running') window.__runs++; })
+        .observe(app, {attributes: true, attributeFilter: ['data-test-script-state']});
+}""" % STEP
 
 
 def wait_label(page, label: str) -> bool:
@@ -61,6 +70,27 @@ def wait_label(page, label: str) -> bool:
         return True
     except PlaywrightTimeout:
         return False
+
+
+def plays(page, start: int) -> bool:
+    """Whether the step on the screen moves past ``start`` within :data:`WAIT_MS`."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function("([sel, s]) => { const e = document.querySelector(sel); return e && +e.getAttribute('value') > s; }",
+                               arg=[STEP, start], timeout=WAIT_MS)
+        return True
+    except PlaywrightTimeout:
+        return False
+
+
+def state(page) -> str:
+    """What a page that stopped moving shows: its button, its step, the line under the slider,
+    and how many script runs it saw since the last press."""
+    caption = page.locator('[data-testid="stMain"] [data-testid="stCaptionContainer"]').all_inner_texts()
+    runs = page.evaluate("() => (window.__runs || 0) - (window.__runsAtPress || 0)")
+    return (f"button {button_label(page)!r}, step {shown_step(page)}, {runs} script runs since the press, "
+            f"captions {[c for c in caption if 'Play' in c or 'Paused' in c]}")
 
 
 def connection_error(page, console: list[str]) -> str | None:
@@ -82,8 +112,7 @@ def cycles(page, url: str, speed: int, console: list[str]) -> list[tuple[int, in
             assert start == landings[-1][1], f"speed {speed}, cycle {cycle}: the step moved after Pause"
         page.locator(PLAY).click(timeout=WAIT_MS)
         assert wait_label(page, "Pause"), f"speed {speed}, cycle {cycle}: the Play press was lost ({button_label(page)!r})"
-        page.wait_for_function("([sel, s]) => { const e = document.querySelector(sel); return e && +e.getAttribute('value') > s; }",
-                               arg=[STEP, start], timeout=WAIT_MS)  # it plays
+        assert plays(page, start), f"speed {speed}, cycle {cycle}: Play took effect but the step stayed at {start}: {state(page)}"
         page.wait_for_timeout(PLAY_MS)
         page.locator(PLAY).click(timeout=WAIT_MS)
         before = page.evaluate("() => window.__shownAtPress")

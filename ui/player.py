@@ -12,11 +12,12 @@ cannot keep up with are skipped. The rate the page really achieves is shown unde
 Frames in flight: one. The browser's timer asks for a tick every interval whether or not it has
 drawn the last frame, and every request carries the step slider where the browser last drew it.
 A tick advances only when that is the frame sent last; otherwise it draws the same frame again
-and waits (:func:`tick`). A busy browser or server therefore slows the playback down instead of
-falling behind it: what is on the screen is never more than one frame behind the server, so
-Pause stops at the step on the screen (the slider's value that the press carries), and no queue of
-frames builds up in the websocket (one that grew past Streamlit's send queue cost the session
-its connection, and a classroom's sessions their state).
+and waits (:func:`tick`), for at most :data:`HOLD_S` (a frame never reported drawn counts as drawn
+then: no lost frame can stop the playback). A busy browser or server therefore slows the playback
+down instead of falling behind it: what is on the screen is never more than a frame or two behind
+the server, so Pause stops at the step on the screen (the slider's value that the press
+carries), and no queue of frames builds up in the websocket (one that grew past Streamlit's send
+queue cost the session its connection, and a classroom's sessions their state).
 
 One press, one toggle. A press of a button outside the fragment is sent by Streamlit as a full
 rerun; a fragment timer that fires between the click and that send carries the same press in a
@@ -39,6 +40,11 @@ MAX_CATCH_UP_S = 1.0  # a late frame (a busy machine, a paused tab) advances at 
 # Frames a playing player remembers having sent. A request that carries one of them (not the last)
 # comes from a browser still drawing: an echo, not the student dragging the slider there.
 RECENT_DRAWN = 4
+# The longest a playing page waits for the browser to report the frame sent last: past it the
+# frame counts as drawn and playing goes on from it. A frame takes well under a second to draw,
+# on a slow machine too; a browser that never reports it (the frame was lost on its way, or
+# dropped) must not stop the playback.
+HOLD_S = 3.0
 RATE_WINDOW_S = 3.0  # the achieved rate is measured over the frames of the last few seconds
 MACHINE_BOUND = 0.8  # below this share of the speed asked for, the rate is the machine's
 
@@ -108,7 +114,8 @@ def steps_per_tick(steps_per_s: float, elapsed_s: float) -> int:
 
 def _begin(state: dict, shown: int) -> None:
     """Start playing from ``shown``, the step on the screen: it counts as the frame last sent."""
-    state.update(playing=True, tick_time=time.monotonic(), ticked_at=shown, drawn=[shown], frames=[], paused_at=None)
+    now = time.monotonic()
+    state.update(playing=True, tick_time=now, sent_time=now, ticked_at=shown, drawn=[shown], frames=[], paused_at=None)
 
 
 def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> None:
@@ -204,9 +211,10 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
     The step slider in session state is where the browser last drew it (or where the student
     dragged it). While playing: at the frame sent last, advance :func:`steps_per_tick` steps; at
     an earlier frame sent (one of the last :data:`RECENT_DRAWN`), the browser is still drawing:
-    send the last frame again; anywhere else, the student dragged it: play on from there. After
-    Pause, a request carrying a frame that was sent ahead of the paused step (a tick already on
-    its way when Pause took effect) does not move it; any other value is the student's."""
+    send the last frame again, for up to :data:`HOLD_S` (then advance from it as if drawn);
+    anywhere else, the student dragged it: play on from there. After Pause, a request carrying a
+    frame that was sent ahead of the paused step (a tick already on its way when Pause took
+    effect) does not move it; any other value is the student's."""
     step_key = f"{key}_step"
     state = _state(key)
     shown = int(st.session_state.get(step_key, 0))
@@ -217,6 +225,9 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
         sent = state.get("ticked_at")
         if sent is None or shown == sent:
             cur = shown + steps_per_tick(speed(key), now - state.get("tick_time", now))
+            state["tick_time"] = now
+        elif shown in drawn and now - state.get("sent_time", now) >= HOLD_S:  # never reported: go on
+            cur = int(sent) + steps_per_tick(speed(key), now - state.get("tick_time", now))
             state["tick_time"] = now
         elif shown in drawn:
             cur = int(sent)
@@ -240,6 +251,7 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
             st.rerun()  # full rerun: the Play button turns back into Play and the timer stops
     st.session_state[step_key] = cur
     if state["playing"] and cur != state.get("ticked_at"):
+        state["sent_time"] = now
         drawn.append(cur)
         del drawn[:-RECENT_DRAWN]
         frames = state.setdefault("frames", [])

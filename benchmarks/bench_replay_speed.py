@@ -56,17 +56,12 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_t
 
 
 def cpu_info() -> dict:
-    """The CPU's model name and the vector-ISA flags that matter here, from /proc/cpuinfo."""
-    model, flags = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {"cpu_model": model, "isa_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count()}
+    """The CPU's model name and the vector-ISA flags that matter here (the engine's own readers of
+    /proc/cpuinfo: ``PAGEDKV_CPU_FLAGS`` narrows the flags as it does for the engine)."""
+    from pagedkv_core.sources.model import _cpuinfo_flags, cpu_model_name
+
+    flags = _cpuinfo_flags() or set()
+    return {"cpu_model": cpu_model_name(), "isa_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count()}
 
 
 def _baseline_root(commit: str = BASELINE_COMMIT) -> Path | None:

@@ -139,8 +139,8 @@ if mode == MODES[0]:
         path = write_recording(Path(tmp) / "observation.jsonl", live.recording, live.recorder.header | {
             "observation": {"kind": "vllm-observation", "unknown": list(UNKNOWN), "medium": "GPU"}})
         st.download_button("Save this observation", path.read_bytes(), "vllm-observation.jsonl",
-                           icon=":material/download:", key=f"{KEY}_save",
-                           help="The observation so far as a pagedkv trace: open it here under Recorded observation.")
+                           icon=":material/download:", key=f"{KEY}_save")
+        st.caption("The observation so far as a pagedkv trace: open it here under Recorded observation.")
 else:
     upload = st.session_state.get(f"{KEY}_upload")
     if upload is None:

@@ -151,6 +151,14 @@ def animation_html(runs: Sequence, title: str, *, max_frames: int = MAX_FRAMES) 
 
 
 # ---------------------------------------------------------------------------- Streamlit side
+# What the animated file is, said under the download buttons (not as the button's tooltip: Streamlit
+# 1.67 draws a button that has one twice, the second copy zero-width, and a click can land on it).
+ANIMATION_NOTE = (f"The animated HTML file is one self-contained file (about 5 MB, plotly.js included) that plays "
+                  f"the heatmaps offline with Play and a scrub slider, for slides and course sites; runs longer than "
+                  f"{MAX_FRAMES} steps are sampled evenly. Every chart on the page also saves as a PNG: the camera "
+                  f"in its toolbar.")
+
+
 def download_animation(runs: Sequence, key: str, title: str, file_stem: str) -> None:
     """A download button for :func:`animation_html` of ``runs``; the file is built when clicked."""
     import streamlit as st
@@ -159,7 +167,4 @@ def download_animation(runs: Sequence, key: str, title: str, file_stem: str) -> 
     st.download_button(
         "Download the run as an animated HTML file", (lambda: animation_html(ready, title).encode("utf-8")) if ready else b"",
         file_name=f"pagedkv-{file_stem}.html", mime="text/html", key=f"{key}_dl_html", icon=":material/movie:",
-        disabled=not ready, on_click="ignore",
-        help=f"One self-contained file (about 5 MB, plotly.js included) that plays the heatmaps offline with Play and a "
-             f"scrub slider, for slides and course sites. Runs longer than {MAX_FRAMES} steps are sampled evenly "
-             f"({MAX_FRAMES} frames). Every chart on the page also saves as a PNG: the camera in its toolbar.")
+        disabled=not ready, on_click="ignore")

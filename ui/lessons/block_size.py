@@ -264,9 +264,9 @@ def calculator(all_presets: dict[str, Preset], block_size: int, fixed: Preset | 
     if not presenter.on(KEY):  # a slide has no sidebar to use it in, and needs the room to end on the screen
         pool = settings.rounded_pool(blocks * block_size, int(settings.current("block_size")))
         st.button(f"Use this pool in the sidebar ({pool:,} slots)",
-                  key=f"{KEY}_use_pool", on_click=settings.use_pool, args=(blocks * block_size, f"{preset} in the calculator"),
-                  help="Sets the sidebar's pool size to this pool, rounded down to whole blocks of the sidebar's block size "
-                       "(and within the sidebar's largest pool), so every page runs on it.")
+                  key=f"{KEY}_use_pool", on_click=settings.use_pool, args=(blocks * block_size, f"{preset} in the calculator"))
+        st.caption("Sets the sidebar's pool size to this pool, rounded down to whole blocks of the sidebar's block size "
+                   "(and within the sidebar's largest pool), so every page runs on it.")
     if compact:
         st.markdown(f"2 (K and V) × {v['layers']} layers × {v['kv_heads']} KV heads × {v['head_dim']} × {eb} B = "
                     f"**{per_token:,} B per token**; {format_bytes(kv_bytes)} left for KV after the weights and the "

@@ -352,9 +352,9 @@ def explore(live: Live) -> None:
     submit_form(rec, make.tokenizer)
     c = st.columns([6, 1.3])
     c[0].caption(f"Engine: blocks of {config.block_size}, {config.pool_slots:,} slots, watermark {config.watermark:.0%}, "
-                 f"prefix caching {'on' if config.prefix_caching else 'off'} (from the sidebar). Greedy decoding.")
-    if c[1].button("New engine", icon=":material/restart_alt:", key=f"{KEY}_clear", width="stretch",
-                   help="Drop every request and start again with an empty pool."):
+                 f"prefix caching {'on' if config.prefix_caching else 'off'} (from the sidebar). Greedy decoding. "
+                 "New engine drops every request and starts again with an empty pool.")
+    if c[1].button("New engine", icon=":material/restart_alt:", key=f"{KEY}_clear", width="stretch"):
         st.session_state.pop(f"_{KEY}_rec", None)
         st.rerun()
     player.controls(KEY, max(1, rec.num_steps), can_grow=not rec.done, runs=[rec])

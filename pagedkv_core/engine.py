@@ -57,6 +57,14 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
+def kept_request_id(request_id) -> str:
+    """The id a request is kept and reported under (:meth:`Engine.add_request`): ``request_id`` as
+    a string, with what is not valid UTF-8 (a lone surrogate from a JSON file) backslash-escaped,
+    so that every output can print it."""
+    text = str(request_id)
+    return text if _is_utf8(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class Engine:
     def __init__(self, config: EngineConfig, source: TokenSource, recording=None, kv_event_sink=None, *,
                  snapshots: bool = True, skip_idle: bool = False):
@@ -112,10 +120,8 @@ class Engine:
         mixed into its prefix-cache hashes (e.g. an adapter id). Returns the id it is kept
         under (an id that is not valid UTF-8 is escaped, and the request rejected). Raises
         ValueError only for a duplicate ``request_id``."""
-        request_id = str(request_id)
-        bad_id = not _is_utf8(request_id)
-        if bad_id:  # keep the request (and its rejection) under an id every output can print
-            request_id = request_id.encode("utf-8", "backslashreplace").decode("utf-8")
+        bad_id = not _is_utf8(str(request_id))
+        request_id = kept_request_id(request_id)  # the request and its rejection under a printable id
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         sampling = sampling if sampling is not None else SamplingParams()

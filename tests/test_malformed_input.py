@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from pagedkv_core.cli.generate import load_prompts
 from pagedkv_core.config import ConfigError, EngineConfig
-from pagedkv_core.engine import Engine
+from pagedkv_core.engine import Engine, kept_request_id
 from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.record.trace_file import TraceError, TraceWriter, load_recording
 from pagedkv_core.workloads.scenarios import parse_workload, workload_from_bytes
@@ -122,7 +122,20 @@ def run_small(workload) -> None:
     summary = engine.run(max_steps=2000)
     assert summary.finished + len(summary.rejected) == summary.requests == len(workload.requests)
     rejected = {r["id"] for r in summary.rejected}
-    assert {r.id for r in workload.requests if r.reject_reason is not None} <= rejected
+    # an id that is not valid UTF-8 is reported escaped (kept_request_id)
+    assert {kept_request_id(r.id) for r in workload.requests if r.reject_reason is not None} <= rejected
+
+
+def test_a_rejected_request_whose_id_is_not_utf8_is_reported_under_its_escaped_id():
+    """Found by the fuzzing below: a request with a lone surrogate in its id and a bad field."""
+    workload = parse_workload([{"id": "\ud800", "prompt": [5, 6, 7], "output_len": 4, "max_tokens": 0},
+                               {"id": "b", "prompt_len": 5, "output_len": 3, "max_tokens": 4}], "w.json")
+    assert workload.requests[0].reject_reason is not None
+    run_small(workload)
+    engine = Engine(EngineConfig(pool_slots=256, block_size=4), ScriptedSource())
+    workload.submit(engine)
+    summary = engine.run(max_steps=100)
+    assert [r["id"] for r in summary.rejected] == ["\\ud800"] and summary.finished == 1
 
 
 @settings(max_examples=EXAMPLES, **SETTINGS)

@@ -298,3 +298,13 @@ def test_uploads_over_the_workshop_cap_are_refused_before_parsing(monkeypatch):
     at = open_page("pages/reserve_or_page.py")
     uploader(at, "trace_upload").set_value(("big.jsonl", big.encode(), "application/jsonl")).run()
     assert any(e.value.startswith("Cannot replay big.jsonl: trace big.jsonl has ") for e in at.error)
+
+
+def test_the_server_allocates_with_glibc_unless_told_otherwise():
+    """ui.serve starts again with PYTHONMALLOC=malloc and MALLOC_ARENA_MAX=2 (so that a classroom's
+    memory goes back to the system: tests/test_load_browser.py); a value already set wins."""
+    from ui.serve import allocator_env
+
+    assert allocator_env({"PATH": "/bin"}) == {"PATH": "/bin", "PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
+    assert allocator_env({"PYTHONMALLOC": "pymalloc"}) == {"PYTHONMALLOC": "pymalloc", "MALLOC_ARENA_MAX": "2"}
+    assert allocator_env({"PYTHONMALLOC": "pymalloc", "MALLOC_ARENA_MAX": "8"}) is None

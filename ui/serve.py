@@ -6,7 +6,8 @@ one) at the app's own cap (:func:`ui.workshop.upload_cap_mb`: 64 MB, 16 MB in wo
 or ``PAGEDKV_MAX_UPLOAD_MB``), so the upload box states the limit the app keeps. In workshop mode
 (``PAGEDKV_WORKSHOP=1``, which ``make app WORKSHOP=1`` sets; see :mod:`ui.workshop`) it sets the
 smaller per-session memory budget, after checking the workshop's environment: a bad value stops
-it with one line and exit code 2, before Streamlit starts.
+it with one line and exit code 2, before Streamlit starts. It first starts itself again with glibc's
+allocator (:data:`MALLOC_ENV`), so that closed sessions' memory goes back to the system.
 """
 import os
 import sys

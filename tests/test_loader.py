@@ -70,3 +70,25 @@ def test_dtype_and_format_helpers():
         dtype_bytes("float64")
     assert format_bytes(737_280) == "720.0 KiB"
     assert format_bytes(512) == "512 B"
+
+
+def test_a_conversion_reads_the_gguf_once_and_leaves_the_gguf_module_as_it_was(tmp_path):
+    """transformers parses the GGUF for its config, its tokenizer and its weights; during our
+    conversion the three share one reader, and each tensor-name map is built once (the converted
+    files equal transformers' own: test_model_smoke.py). Afterwards gguf is untouched."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    tiny = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(tiny), "llama")
+    writer.add_block_count(2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    with loader._gguf_read_once():
+        first = gguf.GGUFReader(tiny)
+        assert gguf.GGUFReader(str(tiny)) is first and first.fields["llama.block_count"].contents() == 2
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    assert gguf.GGUFReader(tiny) is not gguf.GGUFReader(tiny)

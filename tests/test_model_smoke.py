@@ -1,4 +1,5 @@
 """The bundled model is real: it loads from the pip package, answers, and its cache is faithful."""
+import contextlib
 import os
 
 import pytest
@@ -35,13 +36,21 @@ def test_cache_reload_gives_identical_logits(tmp_path, monkeypatch):
 
     The conversion reads the GGUF through transformers' own ``from_pretrained(gguf_file=...)``:
     a copy of that model, taken the moment transformers returns it (before the conversion touches
-    it), is the direct reading, so the GGUF is de-quantized once here, not twice (a minute of CPU)."""
+    it), is the direct reading, so the GGUF is de-quantized once here, not twice (a minute of CPU).
+    This conversion runs as transformers alone would (the loader's read-once shortcut is off), and
+    every file it writes is byte for byte the file of the shortcut's conversion (the model cache
+    the rest of the suite uses)."""
     import copy
 
     from transformers import AutoModelForCausalLM
 
-    monkeypatch.setenv("PAGEDKV_CACHE", str(tmp_path))
+    from pagedkv_core.sources.model import loader
+
     gguf = bundled_gguf_path()
+    loader.convert_once(gguf)  # the suite's own cache, converted with the shortcut (if no test has yet)
+    shortcut = loader.gguf_cache_dir(gguf)
+    monkeypatch.setenv("PAGEDKV_CACHE", str(tmp_path))
+    monkeypatch.setattr(loader, "_gguf_read_once", contextlib.nullcontext)
     read_directly = []
     from_pretrained = AutoModelForCausalLM.from_pretrained
 
@@ -59,6 +68,10 @@ def test_cache_reload_gives_identical_logits(tmp_path, monkeypatch):
     assert seen[-1] == 1.0 and seen == sorted(seen), "progress must rise to 100%"
     reloaded = load_model(progress=lambda f, w: None)
     assert not reloaded.converted and reloaded.weights_dir == converted.weights_dir
+    written = sorted(p.name for p in converted.weights_dir.iterdir())
+    assert written == sorted(p.name for p in shortcut.iterdir()) and "model.safetensors" in written
+    for name in written:
+        assert (converted.weights_dir / name).read_bytes() == (shortcut / name).read_bytes(), name
 
     assert len(read_directly) == 1, "the conversion did not read the GGUF through transformers"
     direct = read_directly[0].eval()

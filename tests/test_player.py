@@ -26,20 +26,30 @@ def playing_page(ticks: int = 3):
     return at, seen
 
 
-def test_pause_lands_on_the_step_the_browser_shows():
-    """A browser a frame behind presses Pause with the slider at the frame it shows: the run
-    stops there, not at the frame the server sent since."""
+def test_pause_lands_on_the_frame_sent_last_never_behind_the_charts():
+    """The press carries the slider, which can trail the charts by a frame (a frame's charts reach
+    the browser before its slider): a press carrying a frame sent lately stops at the frame sent
+    last, the one on the screen or on its way (at most a frame past the screen), never a frame
+    behind what the charts show. A clean clone's browser test once paused at 2 with both pools
+    drawn at 3."""
     at, seen = playing_page()
-    at.slider(key="rop_step").set_value(seen[-2])  # the screen is one frame behind
+    at.slider(key="rop_step").set_value(seen[-2])  # the slider a frame behind
     at.button(key="rop_play").click().run()
     assert not at.exception
-    assert step(at) == seen[-2] and at.button(key="rop_play").label == "Play"
-    at.slider(key="rop_step").set_value(seen[-1]).run()  # the frame that was on its way arrives late
+    assert step(at) == seen[-1] and at.button(key="rop_play").label == "Play"
+    at.slider(key="rop_step").set_value(seen[-2]).run()  # a request sent before Pause, arriving late
+    assert step(at) == seen[-1]
+    at.run()  # the browser has the paused step
+    assert step(at) == seen[-1]
+    at.slider(key="rop_step").set_value(seen[-2]).run()  # now a drag back is the student's
     assert step(at) == seen[-2]
-    at.run()
-    assert step(at) == seen[-2]
-    at.slider(key="rop_step").set_value(seen[0]).run()  # a drag back is the student's
-    assert step(at) == seen[0]
+
+
+def test_pause_right_after_a_drag_stops_where_the_student_dragged():
+    at, seen = playing_page()
+    at.slider(key="rop_step").set_value(seen[-1] + 7)  # not a frame the server sent: the student's
+    at.button(key="rop_play").click().run()
+    assert step(at) == seen[-1] + 7 and at.button(key="rop_play").label == "Play"
 
 
 def test_a_held_frame_is_the_last_one_sent_and_play_goes_on_once_it_is_drawn():

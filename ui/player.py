@@ -15,8 +15,9 @@ A tick advances only when that is the frame sent last; otherwise it draws the sa
 and waits (:func:`tick`), for at most :data:`HOLD_S` (a frame never reported drawn counts as drawn
 then: no lost frame can stop the playback). A busy browser or server therefore slows the playback
 down instead of falling behind it: what is on the screen is never more than a frame or two behind
-the server, so Pause stops at the step on the screen (the slider's value that the press
-carries), and no queue of frames builds up in the websocket (one that grew past Streamlit's send
+the server, so Pause stops at the step on the screen, or at the frame on its way (the frame sent
+last: the slider the press carries can trail the charts by a frame), and no queue of frames builds
+up in the websocket (one that grew past Streamlit's send
 queue cost the session its connection, and a classroom's sessions their state).
 
 One press, one toggle. A press of a button outside the fragment is sent by Streamlit as a full
@@ -141,10 +142,16 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
 
     @_outside_fragment
     def toggle():
-        # The press carries the step slider as the browser drew it: the step on the screen.
+        # The press carries the step slider as the browser last updated it. While playing, that can
+        # trail the charts by a frame: a frame's charts come before its slider, and a browser draws
+        # them as they arrive. So when it carries a frame sent lately, Pause stops at the frame
+        # sent last: the one on the screen, or the one on its way (at most a frame past the screen),
+        # never one behind what the charts show.
         shown = int(st.session_state.get(step_key, 0))
         if state["playing"]:
-            state.update(playing=False, paused_at=shown)
+            sent = state.get("ticked_at")
+            at = int(sent) if sent is not None and shown in state.get("drawn", ()) else shown
+            state.update(playing=False, paused_at=at, pause_sent=False)  # tick() puts the slider there
         else:
             _begin(state, shown)
 
@@ -213,8 +220,9 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
     an earlier frame sent (one of the last :data:`RECENT_DRAWN`), the browser is still drawing:
     send the last frame again, for up to :data:`HOLD_S` (then advance from it as if drawn);
     anywhere else, the student dragged it: play on from there. After Pause, a request carrying a
-    frame that was sent ahead of the paused step (a tick already on its way when Pause took
-    effect) does not move it; any other value is the student's."""
+    frame sent while playing (a tick already on its way when Pause took effect, or a slider that
+    had not caught up with the charts) does not move it, until one carries the paused step; any
+    other value is the student's."""
     step_key = f"{key}_step"
     state = _state(key)
     shown = int(st.session_state.get(step_key, 0))
@@ -232,13 +240,19 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
         else:  # a drag while playing: play on from there
             state["tick_time"] = now
     elif state.get("paused_at") is not None:
-        # Requests sent before the browser drew the paused step carry a frame that was on its way
-        # (sent ahead of the screen): the step stays where Pause put it.
-        if shown in drawn and shown > state["paused_at"]:
+        # Requests sent before the browser drew the paused step carry a frame sent while playing
+        # (on its way, or one the slider had not caught up with): the step stays where Pause put it.
+        # Once a request carries the paused step back (after this run sent it), the browser has it:
+        # any later value is the student's.
+        if shown == state["paused_at"]:
+            if state.get("pause_sent"):
+                drawn.clear()
+        elif shown in drawn:
             cur = int(state["paused_at"])
-        elif shown != state["paused_at"]:  # the student moved the slider
+        else:  # the student moved the slider
             state["paused_at"] = None
             drawn.clear()
+        state["pause_sent"] = True
     last = max(0, num_steps - 1)
     if cur > last:
         cur = last

@@ -29,9 +29,9 @@ def playing_page(ticks: int = 3):
 def test_pause_lands_on_the_frame_sent_last_never_behind_the_charts():
     """The press carries the slider, which can trail the charts by a frame (a frame's charts reach
     the browser before its slider): a press carrying a frame sent lately stops at the frame sent
-    last, the one on the screen or on its way (at most a frame past the screen), never a frame
-    behind what the charts show. A clean clone's browser test once paused at 2 with both pools
-    drawn at 3."""
+    right after it, the one on the screen or on its way (at most a frame past the slider), never a
+    frame behind what the charts show. A clean clone's browser test once paused at 2 with both
+    pools drawn at 3."""
     at, seen = playing_page()
     at.slider(key="rop_step").set_value(seen[-2])  # the slider a frame behind
     at.button(key="rop_play").click().run()
@@ -42,6 +42,15 @@ def test_pause_lands_on_the_frame_sent_last_never_behind_the_charts():
     at.run()  # the browser has the paused step
     assert step(at) == seen[-1]
     at.slider(key="rop_step").set_value(seen[-2]).run()  # now a drag back is the student's
+    assert step(at) == seen[-2]
+
+
+def test_pause_lands_at_most_one_frame_past_the_slider():
+    """Frames held past HOLD_S count as drawn, so the server can be two frames ahead of a slow
+    browser's slider: Pause stops at the frame after the slider's, not at the last one sent."""
+    at, seen = playing_page(ticks=4)
+    at.slider(key="rop_step").set_value(seen[-3])
+    at.button(key="rop_play").click().run()
     assert step(at) == seen[-2]
 
 

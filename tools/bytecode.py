@@ -6,7 +6,7 @@ step every process would compile torch, transformers and Streamlit from source a
 10.1 s against 4.5). Byte-compiling the whole of ``.venv/lib`` (``compileall``) compiles about
 15,000 files, most of which nothing here imports; importing what we use compiles only those
 (about 3,500) and writes their ``.pyc``: 15 s against 26 (22 CPU-s against 50), back to back on
-the 2-core Xeon. The two halves below run at once, one process a core. What a test imports that is
+a 2-core AMD EPYC. The two halves below run at once, one process a core. What a test imports that is
 not here (some of hypothesis, anyio, plotly's rarer classes: about 270 files) is compiled in
 memory by the process that imports it, as before.
 

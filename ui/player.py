@@ -144,13 +144,14 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
     def toggle():
         # The press carries the step slider as the browser last updated it. While playing, that can
         # trail the charts by a frame: a frame's charts come before its slider, and a browser draws
-        # them as they arrive. So when it carries a frame sent lately, Pause stops at the frame
-        # sent last: the one on the screen, or the one on its way (at most a frame past the screen),
-        # never one behind what the charts show.
+        # them as they arrive. So when it carries a frame sent lately, Pause stops at the frame sent
+        # right after it: the one the charts show, or the one on its way (at most a frame past the
+        # slider), never one behind what the charts show.
         shown = int(st.session_state.get(step_key, 0))
         if state["playing"]:
-            sent = state.get("ticked_at")
-            at = int(sent) if sent is not None and shown in state.get("drawn", ()) else shown
+            drawn = state.get("drawn", [])
+            later = drawn[len(drawn) - drawn[::-1].index(shown):] if shown in drawn else []
+            at = int(later[0]) if later else shown
             state.update(playing=False, paused_at=at, pause_sent=False)  # tick() puts the slider there
         else:
             _begin(state, shown)

@@ -26,7 +26,7 @@ def playing_page(ticks: int = 3):
     return at, seen
 
 
-def test_pause_lands_on_the_frame_sent_last_never_behind_the_charts():
+def test_pause_lands_on_the_frame_after_the_sliders_never_behind_the_charts():
     """The press carries the slider, which can trail the charts by a frame (a frame's charts reach
     the browser before its slider): a press carrying a frame sent lately stops at the frame sent
     right after it, the one on the screen or on its way (at most a frame past the slider), never a

@@ -26,32 +26,23 @@ def playing_page(ticks: int = 3):
     return at, seen
 
 
-def test_pause_lands_on_the_frame_after_the_sliders_never_behind_the_charts():
-    """The press carries the slider, which can trail the charts by a frame (a frame's charts reach
-    the browser before its slider): a press carrying a frame sent lately stops at the frame sent
-    right after it, the one on the screen or on its way (at most a frame past the slider), never a
-    frame behind what the charts show. A clean clone's browser test once paused at 2 with both
-    pools drawn at 3."""
+def test_pause_lands_on_the_step_the_browser_shows_and_late_requests_do_not_move_it():
+    """A browser a frame behind presses Pause with the slider at the frame it shows: the run stops
+    there. Requests sent before, carrying any frame sent while playing (ahead of it or behind it),
+    arrive late and do not move it, until the browser carries the paused step back."""
     at, seen = playing_page()
-    at.slider(key="rop_step").set_value(seen[-2])  # the slider a frame behind
+    at.slider(key="rop_step").set_value(seen[-2])  # the screen is one frame behind
     at.button(key="rop_play").click().run()
     assert not at.exception
-    assert step(at) == seen[-1] and at.button(key="rop_play").label == "Play"
-    at.slider(key="rop_step").set_value(seen[-2]).run()  # a request sent before Pause, arriving late
-    assert step(at) == seen[-1]
-    at.run()  # the browser has the paused step
-    assert step(at) == seen[-1]
-    at.slider(key="rop_step").set_value(seen[-2]).run()  # now a drag back is the student's
+    assert step(at) == seen[-2] and at.button(key="rop_play").label == "Play"
+    at.slider(key="rop_step").set_value(seen[-1]).run()  # the frame that was on its way arrives late
     assert step(at) == seen[-2]
-
-
-def test_pause_lands_at_most_one_frame_past_the_slider():
-    """Frames held past HOLD_S count as drawn, so the server can be two frames ahead of a slow
-    browser's slider: Pause stops at the frame after the slider's, not at the last one sent."""
-    at, seen = playing_page(ticks=4)
-    at.slider(key="rop_step").set_value(seen[-3])
-    at.button(key="rop_play").click().run()
+    at.slider(key="rop_step").set_value(seen[-3]).run()  # an earlier frame's request arrives late
     assert step(at) == seen[-2]
+    at.slider(key="rop_step").set_value(seen[-2]).run()  # the browser has the paused step
+    assert step(at) == seen[-2]
+    at.slider(key="rop_step").set_value(seen[0]).run()  # a drag back is the student's
+    assert step(at) == seen[0]
 
 
 def test_pause_right_after_a_drag_stops_where_the_student_dragged():

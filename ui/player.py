@@ -15,9 +15,8 @@ A tick advances only when that is the frame sent last; otherwise it draws the sa
 and waits (:func:`tick`), for at most :data:`HOLD_S` (a frame never reported drawn counts as drawn
 then: no lost frame can stop the playback). A busy browser or server therefore slows the playback
 down instead of falling behind it: what is on the screen is never more than a frame or two behind
-the server, so Pause stops at the step on the screen, or at the frame on its way (the frame sent
-last: the slider the press carries can trail the charts by a frame), and no queue of frames builds
-up in the websocket (one that grew past Streamlit's send
+the server, so Pause stops at the step on the screen (the slider's value that the press
+carries), and no queue of frames builds up in the websocket (one that grew past Streamlit's send
 queue cost the session its connection, and a classroom's sessions their state).
 
 One press, one toggle. A press of a button outside the fragment is sent by Streamlit as a full
@@ -142,17 +141,10 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
 
     @_outside_fragment
     def toggle():
-        # The press carries the step slider as the browser last updated it. While playing, that can
-        # trail the charts by a frame: a frame's charts come before its slider, and a browser draws
-        # them as they arrive. So when it carries a frame sent lately, Pause stops at the frame sent
-        # right after it: the one the charts show, or the one on its way (at most a frame past the
-        # slider), never one behind what the charts show.
+        # The press carries the step slider as the browser drew it: the step on the screen.
         shown = int(st.session_state.get(step_key, 0))
         if state["playing"]:
-            drawn = state.get("drawn", [])
-            later = drawn[len(drawn) - drawn[::-1].index(shown):] if shown in drawn else []
-            at = int(later[0]) if later else shown
-            state.update(playing=False, paused_at=at, pause_sent=False)  # tick() puts the slider there
+            state.update(playing=False, paused_at=shown, pause_sent=False)
         else:
             _begin(state, shown)
 
@@ -221,8 +213,8 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
     an earlier frame sent (one of the last :data:`RECENT_DRAWN`), the browser is still drawing:
     send the last frame again, for up to :data:`HOLD_S` (then advance from it as if drawn);
     anywhere else, the student dragged it: play on from there. After Pause, a request carrying a
-    frame sent while playing (a tick already on its way when Pause took effect, or a slider that
-    had not caught up with the charts) does not move it, until one carries the paused step; any
+    frame sent while playing (a tick already on its way when Pause took effect, or one sent
+    before it) does not move it, until one carries the paused step; any
     other value is the student's."""
     step_key = f"{key}_step"
     state = _state(key)
@@ -242,7 +234,7 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
             state["tick_time"] = now
     elif state.get("paused_at") is not None:
         # Requests sent before the browser drew the paused step carry a frame sent while playing
-        # (on its way, or one the slider had not caught up with): the step stays where Pause put it.
+        # (on its way, or an earlier one arriving late): the step stays where Pause put it.
         # Once a request carries the paused step back (after this run sent it), the browser has it:
         # any later value is the student's.
         if shown == state["paused_at"]:

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+from streamlit.components.v2 import manifest_scanner
 from streamlit.testing.v1 import AppTest
 
 from ui import live_chart
@@ -14,6 +16,12 @@ from ui.streamlit_compat import use_navigation_only
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 180
+
+# Every new AppTest scans the metadata of every installed distribution (about 330) for component
+# manifests: 0.3-0.5 s each time, and the suite makes about 200 (measured). The environment does not
+# change while the tests run, so each process scans once. (The live chart is not found by that scan:
+# it is declared in ui/live_chart.py when imported.)
+manifest_scanner.scan_component_manifests = functools.cache(manifest_scanner.scan_component_manifests)
 
 # AppTest resets Streamlit's "legacy pages/ folder" flag before every run; the shim that the app's
 # launcher (ui/serve.py) uses keeps it off, so tests see what users see.

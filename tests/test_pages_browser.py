@@ -11,6 +11,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 OUT = Path(__file__).resolve().parents[1] / "test-output"
 POOL_PAGES = ["ops", "reserve-or-page"]  # the last one is played, as it was loaded
+STEP = '[data-testid="stMain"] [data-testid="stSlider"] input[aria-label="Step"]'
 
 
 def heatmap_titles(page) -> list[str]:
@@ -37,13 +38,15 @@ def test_every_page_renders_and_play_advances_the_step():
         assert len(heatmap_titles(page)) == 2, "a heatmap per allocator"
         before = current_step(page)
         page.get_by_role("button", name=re.compile("Play")).click()
-        # Pause stops on the step the screen shows: wait until every pool on the screen is 3 steps on
-        # (one pool's chart can be drawn a frame before the other's on a busy machine)
+        # Pause stops on the step the screen shows (the step slider's, which the press carries): wait
+        # until every pool on the screen and the slider are 3 steps on (on a busy machine one pool's
+        # chart can be drawn a frame before the other's, and the slider a frame after the charts)
         page.wait_for_function(
-            """(before) => { const steps = [...document.querySelectorAll('.js-plotly-plot .gtitle')]
+            """([before, slider]) => { const steps = [...document.querySelectorAll('.js-plotly-plot .gtitle')]
                  .map(t => t.textContent.match(/at step (\\d+)/)).filter(m => m).map(m => +m[1]);
-                 return steps.length >= 2 && steps.every(s => s >= before + 3); }""",
-            arg=before, timeout=30_000)
+                 const s = document.querySelector(slider);
+                 return steps.length >= 2 && steps.every(t => t >= before + 3) && s && +s.getAttribute('value') >= before + 3; }""",
+            arg=[before, STEP], timeout=30_000)
         page.get_by_role("button", name=re.compile("Pause")).click()
         wait_idle(page)
         assert current_step(page) >= before + 3

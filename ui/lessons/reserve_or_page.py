@@ -106,21 +106,17 @@ def utilization_series(runs: list[Run], upto: int | None = None) -> dict[str, li
 def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None = None, scrub=None) -> None:
     """Both pools at ``step``, the legend, and the utilization curves (shared by play and guide).
     ``conceal``: the pools before step 0; ``upto``: the curves only up to that step; ``scrub``:
-    shown right under the pools (the player's slider and event strip, as under a video)."""
+    drawn right under the pools (the player's slider and event strip, as under a video)."""
     n = max(r.num_steps for r in runs)
     unit = max(max(1, r.at(0).block_size) for r in runs)  # one grid: the contiguous side on the paged one's
     window = None if conceal else pool_view.zoom_control(KEY, runs[0].at(0).num_slots, unit)
-    # The slider is sent before the pools, into its place under them: a browser that has drawn a
-    # frame's pools has its slider too, so a Pause press never carries the step before the one shown.
-    pools = st.container()
+    cols = st.columns(len(runs))
+    for col, run in zip(cols, runs):
+        with col:
+            side(run, step, conceal, window, unit)
+    st.caption(LEGEND)
     if scrub is not None:
         scrub()
-    with pools:
-        cols = st.columns(len(runs))
-        for col, run in zip(cols, runs):
-            with col:
-                side(run, step, conceal, window, unit)
-        st.caption(LEGEND)
     if conceal:
         return
     fig = step_curves(range(n), utilization_series(runs, upto), "Token utilization over the run: filled slots / allocated slots"

@@ -26,23 +26,39 @@ def playing_page(ticks: int = 3):
     return at, seen
 
 
-def test_pause_lands_on_the_step_the_browser_shows_and_late_requests_do_not_move_it():
+SEEN = "_player_rop_seen"  # the hidden field that carries back the number of the last pause drawn
+
+
+def test_pause_lands_on_the_step_the_browser_shows_and_ticks_sent_before_it_drew_the_pause_do_not_move_it():
     """A browser a frame behind presses Pause with the slider at the frame it shows: the run stops
-    there. Requests sent before, carrying any frame sent while playing (ahead of it or behind it),
-    arrive late and do not move it, until the browser carries the paused step back."""
+    there. Its timer goes on sending ticks until the paused page reaches it; they carry an earlier
+    pause's number back, and whatever frame the browser had: the paused step, then the frame that
+    was on its way (CI's slow browser saw exactly this: the paused step 77 came back, then 87, and
+    the paused page moved to 87), then an earlier one. None moves it. Once a request carries this
+    pause's number back, the browser has the paused page: a drag is the student's."""
     at, seen = playing_page()
+    before = at.text_input(key=SEEN).value
     at.slider(key="rop_step").set_value(seen[-2])  # the screen is one frame behind
     at.button(key="rop_play").click().run()
     assert not at.exception
     assert step(at) == seen[-2] and at.button(key="rop_play").label == "Play"
-    at.slider(key="rop_step").set_value(seen[-1]).run()  # the frame that was on its way arrives late
-    assert step(at) == seen[-2]
-    at.slider(key="rop_step").set_value(seen[-3]).run()  # an earlier frame's request arrives late
-    assert step(at) == seen[-2]
-    at.slider(key="rop_step").set_value(seen[-2]).run()  # the browser has the paused step
-    assert step(at) == seen[-2]
-    at.slider(key="rop_step").set_value(seen[0]).run()  # a drag back is the student's
+    assert at.text_input(key=SEEN).value != before
+    for frame in (seen[-2], seen[-1], seen[-3]):
+        at.text_input(key=SEEN).set_value(before)
+        at.slider(key="rop_step").set_value(frame).run()
+        assert step(at) == seen[-2], f"a tick sent before the pause was drawn, carrying {frame}, moved it"
+    at.slider(key="rop_step").set_value(seen[0]).run()  # this pause's number (AppTest sends it back)
     assert step(at) == seen[0]
+
+
+def test_a_step_pressed_before_the_paused_page_arrived_is_the_students():
+    at, seen = playing_page()
+    before = at.text_input(key=SEEN).value
+    at.button(key="rop_play").click().run()
+    paused = step(at)
+    at.text_input(key=SEEN).set_value(before)
+    at.button(key="rop_fwd").click().run()
+    assert step(at) == paused + 1
 
 
 def test_pause_right_after_a_drag_stops_where_the_student_dragged():

@@ -24,6 +24,7 @@ header[data-testid="stHeader"] { background: transparent; }
 [data-stale="true"] { opacity: 1 !important; transition: none !important; }
 [data-testid="stSkeleton"], [data-testid="stSkeletonElement"] { visibility: hidden !important; }
 [data-testid="stElementContainer"]:has(> [data-testid="stMarkdown"] style) { display: none; }
+[data-testid="stElementContainer"][class*="st-key-_player_"] { display: none; }
 </style>
 """
 

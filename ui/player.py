@@ -19,6 +19,13 @@ the server, so Pause stops at the step on the screen (the slider's value that th
 carries), and no queue of frames builds up in the websocket (one that grew past Streamlit's send
 queue cost the session its connection, and a classroom's sessions their state).
 
+Ticks after Pause. The browser's timer goes on asking for ticks until the paused page reaches it,
+and those requests carry whatever frame the browser had at the time: the paused step itself, a
+frame sent after it, or one before. Their values cannot tell a tick from a student's drag, so each
+pause is numbered, and a hidden field drawn after the step slider (:func:`slider`) carries back the
+number of the last pause the browser has drawn. A request that carries an earlier number was sent
+before the browser had the paused page: it does not move the step (:func:`tick`).
+
 One press, one toggle. A press of a button outside the fragment is sent by Streamlit as a full
 rerun; a fragment timer that fires between the click and that send carries the same press in a
 fragment rerun too, so a callback that acted on both would undo the press (Pause, then Play again
@@ -51,6 +58,11 @@ MACHINE_BOUND = 0.8  # below this share of the speed asked for, the rate is the 
 
 def _state(key: str) -> dict:
     return st.session_state.setdefault(f"_player_{key}", {"playing": False})
+
+
+def _seen_key(key: str) -> str:
+    """The hidden field that carries back the number of the last pause the browser drew."""
+    return f"_player_{key}_seen"
 
 
 def _outside_fragment(callback):
@@ -134,6 +146,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
         # asks for the next step, and the tick clamps it to what the run has recorded by then.
         top = target if can_grow and delta == 1 else last
         st.session_state[step_key] = max(0, min(top, target))
+        state["paused_at"] = None  # the step moved to is the student's, wherever the screen was
         if state["playing"]:  # playing goes on from the step moved to
             _begin(state, st.session_state[step_key])
         if delta == 1:
@@ -144,7 +157,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
         # The press carries the step slider as the browser drew it: the step on the screen.
         shown = int(st.session_state.get(step_key, 0))
         if state["playing"]:
-            state.update(playing=False, paused_at=shown, pause_sent=False)
+            state.update(playing=False, paused_at=shown, pauses=state.get("pauses", 0) + 1)
         else:
             _begin(state, shown)
 
@@ -157,7 +170,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
             state["note"] = f"No {kind} after step {cur}."
         else:
             st.session_state[step_key] = target
-            state["note"] = None
+            state.update(note=None, paused_at=None)
             if state["playing"]:
                 _begin(state, target)
 
@@ -212,10 +225,9 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
     dragged it). While playing: at the frame sent last, advance :func:`steps_per_tick` steps; at
     an earlier frame sent (one of the last :data:`RECENT_DRAWN`), the browser is still drawing:
     send the last frame again, for up to :data:`HOLD_S` (then advance from it as if drawn);
-    anywhere else, the student dragged it: play on from there. After Pause, a request carrying a
-    frame sent while playing (a tick already on its way when Pause took effect, or one sent
-    before it) does not move it, until one carries the paused step; any
-    other value is the student's."""
+    anywhere else, the student dragged it: play on from there. After Pause, a request sent before
+    the browser drew the paused page (it carries an earlier pause's number back) does not move it;
+    once one carries this pause's number, every value is the student's."""
     step_key = f"{key}_step"
     state = _state(key)
     shown = int(st.session_state.get(step_key, 0))
@@ -233,19 +245,11 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
         else:  # a drag while playing: play on from there
             state["tick_time"] = now
     elif state.get("paused_at") is not None:
-        # Requests sent before the browser drew the paused step carry a frame sent while playing
-        # (on its way, or an earlier one arriving late): the step stays where Pause put it.
-        # Once a request carries the paused step back (after this run sent it), the browser has it:
-        # any later value is the student's.
-        if shown == state["paused_at"]:
-            if state.get("pause_sent"):
-                drawn.clear()
-        elif shown in drawn:
-            cur = int(state["paused_at"])
-        else:  # the student moved the slider
+        seen = st.session_state.get(_seen_key(key))
+        if seen is None or seen == str(state.get("pauses", 0)):  # the browser drew the paused page
             state["paused_at"] = None
-            drawn.clear()
-        state["pause_sent"] = True
+        else:  # a tick sent before it did, carrying whatever frame it had: the step stays
+            cur = int(state["paused_at"])
     last = max(0, num_steps - 1)
     if cur > last:
         cur = last
@@ -300,6 +304,9 @@ def slider(key: str, num_steps: int, runs=None) -> int:
         value = 0
     else:
         value = st.slider("Step", 0, num_steps - 1, key=step_key, help="Drag to any step of the run.")
+    # After the slider, so that a request carrying this pause's number carries the paused step too.
+    st.session_state[_seen_key(key)] = str(_state(key).get("pauses", 0))
+    st.text_input("Pause drawn", key=_seen_key(key), label_visibility="collapsed")  # hidden (ui.layout)
     st.caption(rate_text(key))
     if runs:
         fig = run_events.event_strip(runs, num_steps, value)

@@ -109,6 +109,22 @@ def test_play_starts_from_the_step_on_the_screen():
     assert "Playing at" in " ".join(c.value for c in at.caption)
 
 
+def test_play_at_the_end_of_a_finished_run_plays_it_again_from_the_start():
+    """Playing stops at the last step; Play pressed there starts again from step 0. It used to
+    turn into Pause and back at once and nothing moved (CI's slow browser, its run played to the
+    end at Speed 50, pressed Play at step 1755 of 1755: the press looked lost)."""
+    at = open_page(POOL_PAGE)
+    last = int(at.slider(key="rop_step").max)
+    at.slider(key="rop_step").set_value(last).run()
+    at.button(key="rop_play").click().run()
+    assert not at.exception
+    assert at.button(key="rop_play").label == "Pause"
+    assert 0 < step(at) <= player.steps_per_tick(player.DEFAULT_SPEED, player.MAX_CATCH_UP_S)
+    at.slider(key="rop_step").set_value(last - 1).run()  # a drag to just before the end: play on to it, and stop
+    at.run()
+    assert step(at) == last and at.button(key="rop_play").label == "Play"
+
+
 def test_a_press_that_a_fragment_tick_carried_acts_once(monkeypatch):
     """Streamlit sends a click outside the fragment as a full rerun; a fragment tick that fires
     first carries it too. The copy in the fragment run is ignored: one press, one toggle."""

@@ -30,6 +30,10 @@ One press, one toggle. A press of a button outside the fragment is sent by Strea
 rerun; a fragment timer that fires between the click and that send carries the same press in a
 fragment rerun too, so a callback that acted on both would undo the press (Pause, then Play again
 at once). The player's callbacks act in full reruns only (:func:`_outside_fragment`).
+
+The end of a run. Playing stops at the last step of a finished run; Play pressed there plays the
+run again from step 0, as a video player does (it used to turn into Pause and back at once, and
+nothing moved: a press that looked lost).
 """
 from __future__ import annotations
 
@@ -158,8 +162,10 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
         shown = int(st.session_state.get(step_key, 0))
         if state["playing"]:
             state.update(playing=False, paused_at=shown, pauses=state.get("pauses", 0) + 1)
-        else:
-            _begin(state, shown)
+            return
+        if not can_grow and last > 0 and shown >= last:  # at the end of a finished run: play it again
+            shown = st.session_state[step_key] = 0
+        _begin(state, shown)
 
     @_outside_fragment
     def jump():

@@ -116,6 +116,7 @@ def test_play_at_the_end_of_a_finished_run_plays_it_again_from_the_start():
     at = open_page(POOL_PAGE)
     last = int(at.slider(key="rop_step").max)
     at.slider(key="rop_step").set_value(last).run()
+    assert "The end of the run. Play plays it again from step 0" in " ".join(c.value for c in at.caption)
     at.button(key="rop_play").click().run()
     assert not at.exception
     assert at.button(key="rop_play").label == "Pause"
@@ -123,6 +124,7 @@ def test_play_at_the_end_of_a_finished_run_plays_it_again_from_the_start():
     at.slider(key="rop_step").set_value(last - 1).run()  # a drag to just before the end: play on to it, and stop
     at.run()
     assert step(at) == last and at.button(key="rop_play").label == "Play"
+    assert "The end of the run" in " ".join(c.value for c in at.caption)
 
 
 def test_a_press_that_a_fragment_tick_carried_acts_once(monkeypatch):

@@ -141,6 +141,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
     step_key = f"{key}_step"
     st.session_state.setdefault(step_key, 0)
     last = max(0, num_steps - 1)
+    state["end"] = None if can_grow or last == 0 else last  # where Play starts the run again
 
     @_outside_fragment
     def move(delta=None, to=None):
@@ -163,7 +164,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
         if state["playing"]:
             state.update(playing=False, paused_at=shown, pauses=state.get("pauses", 0) + 1)
             return
-        if not can_grow and last > 0 and shown >= last:  # at the end of a finished run: play it again
+        if state.get("end") is not None and shown >= state["end"]:  # at the end of a finished run: play it again
             shown = st.session_state[step_key] = 0
         _begin(state, shown)
 
@@ -291,6 +292,9 @@ def rate_text(key: str) -> str:
     sets it), else how Play moves."""
     asked = speed(key)
     if not is_playing(key):
+        end = _state(key).get("end")
+        if end is not None and int(st.session_state.get(f"{key}_step", 0)) >= end:
+            return f"The end of the run. Play plays it again from step 0, at up to {rate_label(asked)}."
         return f"Paused. Play moves at up to {rate_label(asked)}; Pause stops at the step on the screen."
     rate = achieved_rate(key)
     if rate is None:

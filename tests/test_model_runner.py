@@ -332,3 +332,23 @@ def test_session_threads_split_the_cores_without_oversubscribing():
     for bad in (0, -2, True, 1.5):
         with pytest.raises(ValueError, match="expected_sessions must be a positive integer"):
             session_threads(bad)
+
+
+def test_omp_num_threads_caps_the_apps_split_of_the_cores(monkeypatch):
+    """OMP_NUM_THREADS=1 means one thread: the app's split never raises a forward above it (under
+    make test the split gave a lone engine both cores while the other worker ran, and its two
+    OpenMP threads spun at their barriers: these pages took 52.6 s against 41.7 with the cap)."""
+    from pagedkv_core.sources.model.runner import available_cores, session_threads, thread_cap
+    from ui.models import CoreShare
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = available_cores()
+    assert thread_cap() is None and cores == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert thread_cap() == 1 and available_cores() == 1
+    assert session_threads(1) == 1 and CoreShare().threads_for(object()) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(cores + 7))  # a cap above the cores leaves the cores
+    assert available_cores() == cores
+    for ignored in ("", "0", "-1", "two", "1.5"):
+        monkeypatch.setenv("OMP_NUM_THREADS", ignored)
+        assert thread_cap() is None and available_cores() == cores

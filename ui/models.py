@@ -108,7 +108,8 @@ def _base_runner(model_path: str, dtype: str | None = None):
 class CoreShare:
     """How many torch threads one forward may use: the cores split evenly among the model
     engines that stepped in the last ``window_s`` seconds, in every session of this process
-    (:func:`pagedkv_core.sources.model.runner.session_threads`). One live pair alone on two cores: one
+    (:func:`pagedkv_core.sources.model.runner.session_threads`; the cores are at most
+    ``OMP_NUM_THREADS`` when that is set). One live pair alone on two cores: one
     thread each, the two forwards side by side; the Live engine page's single engine: both."""
 
     def __init__(self, window_s: float = ACTIVE_WINDOW_S, clock=time.monotonic, cores: int | None = None):

@@ -74,12 +74,24 @@ def check_threads(threads) -> int:
     return int(threads)
 
 
+def thread_cap() -> int | None:
+    """``OMP_NUM_THREADS`` when it is a whole number of at least 1 (None otherwise): the most
+    threads whoever started this process lets torch use. torch takes it as its default; the
+    app's split of the cores (:func:`session_threads`) must not raise a forward above it."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
 def available_cores() -> int:
-    """The cores this process may run on (its affinity mask where the OS has one)."""
+    """The cores this process may run forwards on: its affinity mask where the OS has one, at
+    most :func:`thread_cap` (``OMP_NUM_THREADS=1``: one thread in all, as its setter meant;
+    ``make test`` sets it for each of its two workers, which share two cores)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    cap = thread_cap()
+    return min(cores, cap) if cap is not None else cores
 
 
 def session_threads(expected_sessions: int = 1, cores: int | None = None) -> int:

@@ -64,7 +64,7 @@ def child(pool: int, allocator: str, mode: str, max_steps: int, workload: str) -
         t0 = time.perf_counter()
         steps = 0
         while engine.has_unfinished() and steps < max_steps:
-            engine.step(snapshot=False)
+            engine.step(snapshot=False, outputs=False)  # as the app's scripted runs (ui/runs/scripted.py)
             steps += 1
         elapsed = time.perf_counter() - t0
         if mode == "trace":

@@ -50,7 +50,7 @@ def play_scripted(config: EngineConfig, workload: Workload, label: str, *, budge
     run = ScriptedRun(label, config, request_ids=list(engine.requests), recording=recording, engine=engine)
     waste = WasteAccumulator()
     while engine.has_unfinished() and recording.num_steps < MAX_SCRIPTED_STEPS:
-        engine.step(snapshot=False)
+        engine.step(snapshot=False, outputs=False)  # the recording and the waste read the engine, not outputs
         waste.add_engine(engine)
         if run.nbytes > budget:
             run.stopped = budget_note(run, budget)

@@ -330,10 +330,12 @@ class Engine:
     def run(self, max_steps: int | None = None, on_step=None, snapshot: bool = True) -> RunSummary:
         """Step until every request is finished or rejected (or ``max_steps`` steps);
         ``on_step(outputs, snapshot)`` sees each step (``snapshot=False``: None instead of a
-        full copy; a recording still gets every step)."""
+        full copy; a recording still gets every step). Without ``on_step`` no step builds outputs
+        (``step(outputs=False)``: the finished are still counted)."""
         steps = 0
+        outputs_read = on_step is not None  # without one, nobody reads the outputs: none are built
         while self.has_unfinished() and (max_steps is None or steps < max_steps):
-            outputs, snapshot_ = self.step(snapshot)
+            outputs, snapshot_ = self.step(snapshot, outputs=outputs_read)
             steps += 1
             if on_step is not None:
                 on_step(outputs, snapshot_)

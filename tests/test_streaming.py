@@ -241,3 +241,29 @@ def test_a_step_without_outputs_is_the_same_step():
     assert full[0] > 0 and bare[0] == 0
     assert full[1:] == bare[1:]
     assert bare[3] == 60 and bare[4] == bare[5] == 0
+
+
+def test_run_without_a_callback_builds_no_outputs_and_runs_the_same():
+    """Engine.run() with no on_step: nobody reads the outputs, so no step builds them
+    (step(outputs=False)); the summary and every step's metrics equal a run whose callback sees them."""
+    def run(with_callback: bool) -> tuple:
+        engine = Engine(EngineConfig(pool_slots=512, block_size=4, preemption="swap"), ScriptedSource(), recording=Recording())
+        for i in range(40):
+            add(engine, f"r{i}", list(range(3, 9 + i % 7)), output_len=2 + i % 9, arrival_step=i // 3)
+        seen = []
+        built = Engine._outputs
+
+        def spy(self, build=True):
+            seen.append(build)
+            return built(self, build)
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(Engine, "_outputs", spy)
+            summary = engine.run(on_step=(lambda outputs, snap: None) if with_callback else None, snapshot=False)
+        rec = engine.recording
+        metrics = [dataclasses.replace(rec.metrics(s), execute_s=0.0) for s in rec.steps]
+        return set(seen), {k: v for k, v in summary.to_json().items() if "execute" not in k}, metrics
+
+    with_cb, without = run(True), run(False)
+    assert with_cb[0] == {True} and without[0] == {False}
+    assert with_cb[1:] == without[1:] and without[1]["finished"] == 40

@@ -208,6 +208,27 @@ def test_the_accumulator_needs_only_per_sequence_parts():
     assert parts.breakdown(written) == acc.breakdown(written)
 
 
+@pytest.mark.parametrize("config", [{"allocator": "paged", "pool_slots": 1024, "preemption": "swap"},
+                                    {"allocator": "paged", "pool_slots": 1024, "preemption": "recompute"},
+                                    {"allocator": "contiguous", "pool_slots": 1024}], ids=lambda c: "-".join(map(str, c.values())))
+def test_an_engine_without_a_pool_view_splits_the_same(config):
+    """simulate without --trace-out keeps no pool view (Engine(snapshots=False): nothing logged, nothing
+    folded); the accumulator then reads the shared blocks' reference counts from the allocator."""
+    snaps, written, by_snap, _ = record(forks(), **dict(config))
+    engine = Engine(EngineConfig(**config), ScriptedSource(), snapshots=False)
+    forks().submit(engine)
+    bare = WasteAccumulator()
+    while engine.has_unfinished():
+        engine.step(snapshot=False, outputs=False)
+        bare.add_engine(engine)
+    assert engine.view is None and bare.num_steps == len(snaps)
+    want = by_snap.series(written)
+    for key, values in bare.series(final_written(engine)).items():
+        assert np.array_equal(values, want[key]), key
+    if config["allocator"] == "paged":
+        assert any((s.block_ref > 1).any() for s in snaps)  # shared blocks were read
+
+
 def run_all(name):
     w = build_workload(name)
     out = {}

@@ -108,7 +108,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     sink = None
     try:
         sink = open_kv_events(args, config.block_size)
-        engine = Engine(config, ScriptedSource(), recording=writer, kv_event_sink=sink, skip_idle=True)
+        # No pool view unless a trace is written: the waste split reads the allocator, and
+        # nothing else here reads the per-slot arrays.
+        engine = Engine(config, ScriptedSource(), recording=writer, kv_event_sink=sink, snapshots=False, skip_idle=True)
         released = Released()  # a streamed run forgets finished sequences: the waste split needs their ends
         if isinstance(workload, LogStream):
             engine.feed(workload.requests() if writer is None else _listed(workload.requests(), writer),

@@ -94,6 +94,12 @@ class BlockManager:
         tables = [get(s.seq_id, ()) for s in seqs]
         return [len(t) for t in tables], None, tables
 
+    def ref_counts(self, block_ids) -> list[int]:
+        """How many sequences hold each of ``block_ids`` (what a pool view's ``block_ref`` shows
+        there, read without one)."""
+        blocks = self.pool.blocks
+        return [blocks[b].ref_count for b in block_ids]
+
     def table_view(self, seq: Sequence, context_len: int) -> list[int]:
         return self.tables[seq.seq_id][: -(-context_len // self.block_size)]
 

@@ -96,14 +96,17 @@ class WasteAccumulator:
 
     def add_engine(self, engine) -> None:
         """The engine's state after a step (``engine.step(snapshot=False)`` is enough): the
-        allocator's counters and the live sequences' arrays, no per-slot copy."""
+        allocator's counters and the live sequences' arrays, no per-slot copy. An engine without
+        a pool view (``Engine(snapshots=False)``, no recording) is read through its allocator."""
         from .snapshot import seq_arrays
 
         alloc = engine.allocator
         seqs = getattr(engine, "last_seqs", None)  # the step already built them
         if seqs is None:
             seqs = seq_arrays(alloc, engine.scheduler)
-        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seqs, engine.view.block_ref)
+        view = getattr(engine, "view", None)
+        refs = view.block_ref if view is not None else getattr(alloc, "ref_counts", None)
+        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seqs, refs)
 
     def add_step(self, kind: str, num_slots: int, block_size: int, metrics, seqs, block_ref) -> None:
         """One step from its parts: ``kind`` ("paged" | "contiguous"), the pool's slots, the
@@ -111,7 +114,8 @@ class WasteAccumulator:
         :class:`~pagedkv_core.metrics.StepMetrics` or anything with its ``allocated_slots``,
         ``filled_slots`` and ``fragmented_slots``, ``seqs`` (a mapping or an object with the arrays ``seq_id``,
         ``seq_num_computed``, ``seq_num_blocks``, ``seq_table_offsets``, ``seq_tables``) and the
-        blocks' reference counts (paged; read only at the sequences' current blocks)."""
+        blocks' reference counts (paged; read only at the sequences' current blocks): an array
+        indexed by block id, or a function that takes the block ids and returns theirs."""
         get = seqs.__getitem__ if isinstance(seqs, Mapping) else lambda name: getattr(seqs, name)
         step = len(self._num_slots)
         self._num_slots.append(int(num_slots))
@@ -132,7 +136,8 @@ class WasteAccumulator:
             rows = np.flatnonzero(has)
             offsets = np.asarray(get("seq_table_offsets"), dtype=np.int64)
             tail = np.asarray(get("seq_tables"))[offsets[rows] + lo[rows] // block_size]
-            shared = np.asarray(block_ref)[tail] > 1
+            refs = block_ref(tail.tolist()) if callable(block_ref) else np.asarray(block_ref)[tail]
+            shared = np.asarray(refs) > 1
             if shared.any():
                 rows, tail = rows[shared], tail[shared].astype(np.int64)
                 end = (lo[rows] // block_size + 1) * block_size

@@ -101,7 +101,7 @@ class Engine:
         self.num_rejected = 0
         self._rejected: list[dict] = []
         self._doomed: dict[str, str] = {}  # request id -> why it will be rejected on arrival
-        self.last_seqs: dict | None = None  # the last step's seq_arrays (the live sequences after it)
+        self.last_seqs: dict | None = None  # the last step's seq_arrays (the live sequences after it; no tables without a view)
         source.bind(self.allocator.num_slots, self.allocator.num_host_slots)
 
     # ------------------------------------------------------------------ requests
@@ -273,7 +273,7 @@ class Engine:
         head_need = alloc.admission_slots(sched.waiting[0]) if alloc.capabilities.fragmentation and sched.waiting else 0
         if alloc.capabilities.fragmentation:
             alloc.update_fragmentation(head_need)
-        seqs = self.last_seqs = seq_arrays(alloc, sched)
+        seqs = self.last_seqs = seq_arrays(alloc, sched, tables=self.view is not None)  # no view: nothing draws tables
         events = (*self._arrivals, *plan.events, *after)
         skipped = self._idle_ahead(step, batch, events)
         metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"], head_need, skipped)

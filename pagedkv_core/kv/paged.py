@@ -100,6 +100,11 @@ class BlockManager:
         blocks = self.pool.blocks
         return [blocks[b].ref_count for b in block_ids]
 
+    def blocks_at(self, seq_ids, block_indices) -> list[int]:
+        """Block ``block_indices[i]`` of sequence ``seq_ids[i]``'s table, for each ``i``."""
+        tables = self.tables
+        return [tables[s][j] for s, j in zip(seq_ids, block_indices)]
+
     def table_view(self, seq: Sequence, context_len: int) -> list[int]:
         return self.tables[seq.seq_id][: -(-context_len // self.block_size)]
 

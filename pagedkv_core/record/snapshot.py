@@ -205,19 +205,21 @@ def _short(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def seq_arrays(allocator, scheduler) -> dict:
+def seq_arrays(allocator, scheduler, tables: bool = True) -> dict:
     """The per-sequence arrays, the block tables (CSR) and the queues of the live sequences,
-    read through the allocator's public layout methods. O(live sequences + table entries)."""
+    read through the allocator's public layout methods. O(live sequences + table entries);
+    ``tables=False`` leaves the tables out (``seq_table_offsets`` and ``seq_tables``: every
+    entry of every table, each step), for a caller that draws and records nothing."""
     running, waiting, swapped = scheduler.running, scheduler.waiting, scheduler.swapped
     seqs = running + waiting + swapped
     n = len(seqs)
-    num_blocks, reserved, tables = allocator.seq_layout(seqs)
+    num_blocks, reserved, block_tables = allocator.seq_layout(seqs)
     if reserved is None:
         reserved = [-1] * n
     offsets = np.zeros(n + 1, dtype=np.int32)
-    if tables is not None and n:
+    if block_tables is not None and n and tables:
         np.cumsum(num_blocks, out=offsets[1:])
-        flat = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=int(offsets[-1]))
+        flat = np.fromiter(chain.from_iterable(block_tables), dtype=np.int32, count=int(offsets[-1]))
     else:
         flat = _empty(np.int32)
     if n:
@@ -231,8 +233,9 @@ def seq_arrays(allocator, scheduler) -> dict:
     else:
         rows = np.zeros((8, 0), dtype=np.int32)
     out = {name: rows[i].astype(dtype) for i, (name, dtype) in enumerate(SEQ_ARRAYS.items())}
-    out["seq_table_offsets"] = offsets
-    out["seq_tables"] = flat
+    if tables:
+        out["seq_table_offsets"] = offsets
+        out["seq_tables"] = flat
     out["waiting"] = tuple(s.seq_id for s in waiting)
     out["running"] = tuple(s.seq_id for s in running)
     out["swapped"] = tuple(s.seq_id for s in swapped)

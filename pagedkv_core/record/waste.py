@@ -106,6 +106,8 @@ class WasteAccumulator:
             seqs = seq_arrays(alloc, engine.scheduler)
         view = getattr(engine, "view", None)
         refs = view.block_ref if view is not None else getattr(alloc, "ref_counts", None)
+        if "seq_tables" not in seqs and alloc.kind == "paged":  # an engine without a view lists no tables
+            seqs = {**seqs, "block_at": alloc.blocks_at}
         self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seqs, refs)
 
     def add_step(self, kind: str, num_slots: int, block_size: int, metrics, seqs, block_ref) -> None:
@@ -113,7 +115,8 @@ class WasteAccumulator:
         block size as snapshots state it (1 for contiguous), the step's
         :class:`~pagedkv_core.metrics.StepMetrics` or anything with its ``allocated_slots``,
         ``filled_slots`` and ``fragmented_slots``, ``seqs`` (a mapping or an object with the arrays ``seq_id``,
-        ``seq_num_computed``, ``seq_num_blocks``, ``seq_table_offsets``, ``seq_tables``) and the
+        ``seq_num_computed``, ``seq_num_blocks``, and ``seq_table_offsets`` with ``seq_tables``, or
+        instead ``block_at(seq_ids, block_indices)``, which gives those blocks of those tables) and the
         blocks' reference counts (paged; read only at the sequences' current blocks): an array
         indexed by block id, or a function that takes the block ids and returns theirs."""
         get = seqs.__getitem__ if isinstance(seqs, Mapping) else lambda name: getattr(seqs, name)
@@ -134,8 +137,12 @@ class WasteAccumulator:
             # blocks before it are full, blocks after it are fresh and private, and prefix-cache
             # hits are full blocks. Its holders (forked samples) share lo and the block's end.
             rows = np.flatnonzero(has)
-            offsets = np.asarray(get("seq_table_offsets"), dtype=np.int64)
-            tail = np.asarray(get("seq_tables"))[offsets[rows] + lo[rows] // block_size]
+            block_at = seqs.get("block_at") if isinstance(seqs, Mapping) else None
+            if block_at is not None:
+                tail = np.asarray(block_at(ids[rows].tolist(), (lo[rows] // block_size).tolist()), dtype=np.int64)
+            else:
+                offsets = np.asarray(get("seq_table_offsets"), dtype=np.int64)
+                tail = np.asarray(get("seq_tables"))[offsets[rows] + lo[rows] // block_size]
             refs = block_ref(tail.tolist()) if callable(block_ref) else np.asarray(block_ref)[tail]
             shared = np.asarray(refs) > 1
             if shared.any():

@@ -33,7 +33,7 @@ _POOL: ThreadPoolExecutor | None = None
 
 def forward_pool() -> ThreadPoolExecutor:
     """The process-wide pool the live engines' steps run on: one worker per core this process
-    may use, shared by every session."""
+    may use (``available_cores``: at most ``OMP_NUM_THREADS``), shared by every session."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:

@@ -35,7 +35,7 @@ from ..config import ConfigError, setting_spec
 from ..engine import Engine
 from ..sources.scripted import ScriptedSource
 from ..safe_io import check_writable
-from ..record.waste import CLASSES, Released, WasteAccumulator, final_written
+from ..record.waste import CLASSES, Released, measure_run
 from ..workloads.hashed_log import DEFAULT_CONTEXT as HASHED_LOG_CONTEXT
 from ..workloads.scenarios import WORKLOADS, LogOptions, LogStream, build_workload, load_workload_file, stream_workload_file
 from .flags import add_engine_args, config_from_args
@@ -119,19 +119,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             workload.submit(engine)
         if writer is not None:
             writer.set_header(engine.trace_header())  # a streamed run's requests: in their steps
-        waste = WasteAccumulator()
-        while engine.has_unfinished():  # the trace writer records each step: no snapshot copies
-            before = engine.step_index
-            engine.step(snapshot=False, outputs=False)  # nothing here reads the outputs
-            for _ in range(engine.step_index - before):  # an idle stretch passes in one step
-                waste.add_engine(engine)
+        summary, breakdown = measure_run(engine, released=released)  # the trace writer records each step
     finally:
         if writer is not None:
             writer.close()
         if sink is not None:
             sink.close()
-    out = engine.summary().to_json()
-    breakdown = waste.breakdown(final_written(engine, released))
+    out = summary.to_json()
     out["waste_breakdown"] = {k: breakdown[k] for k in CLASSES}
     out["token_share"] = breakdown["token_share"]
     out["workload"] = workload.name

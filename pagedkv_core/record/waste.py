@@ -95,30 +95,30 @@ class WasteAccumulator:
         self.add_step(snap.kind, snap.num_slots, snap.block_size, snap.metrics, snap, snap.block_ref)
 
     def add_engine(self, engine) -> None:
-        """The engine's state after a step (``engine.step(snapshot=False)`` is enough): the
-        allocator's counters and the live sequences' arrays, no per-slot copy. An engine without
-        a pool view (``Engine(snapshots=False)``, no recording) is read through its allocator."""
+        """The engine's state after a step (``engine.step(snapshot=False)`` is enough, and no pool
+        view is needed): the allocator's counters, the live sequences' arrays the step built, and
+        for a paged allocator the sequences' current blocks and their reference counts, read from
+        it. No per-slot copy."""
         from .snapshot import seq_arrays
 
         alloc = engine.allocator
         seqs = getattr(engine, "last_seqs", None)  # the step already built them
         if seqs is None:
-            seqs = seq_arrays(alloc, engine.scheduler)
-        view = getattr(engine, "view", None)
-        refs = view.block_ref if view is not None else getattr(alloc, "ref_counts", None)
-        if "seq_tables" not in seqs and alloc.kind == "paged":  # an engine without a view lists no tables
-            seqs = {**seqs, "block_at": alloc.blocks_at}
-        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seqs, refs)
+            seqs = seq_arrays(alloc, engine.scheduler, tables=False)
+        paged = alloc.kind == "paged"
+        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seqs,
+                      alloc.ref_counts if paged else None, block_at=alloc.blocks_at if paged else None)
 
-    def add_step(self, kind: str, num_slots: int, block_size: int, metrics, seqs, block_ref) -> None:
+    def add_step(self, kind: str, num_slots: int, block_size: int, metrics, seqs, block_ref, block_at=None) -> None:
         """One step from its parts: ``kind`` ("paged" | "contiguous"), the pool's slots, the
         block size as snapshots state it (1 for contiguous), the step's
         :class:`~pagedkv_core.metrics.StepMetrics` or anything with its ``allocated_slots``,
         ``filled_slots`` and ``fragmented_slots``, ``seqs`` (a mapping or an object with the arrays ``seq_id``,
-        ``seq_num_computed``, ``seq_num_blocks``, and ``seq_table_offsets`` with ``seq_tables``, or
-        instead ``block_at(seq_ids, block_indices)``, which gives those blocks of those tables) and the
-        blocks' reference counts (paged; read only at the sequences' current blocks): an array
-        indexed by block id, or a function that takes the block ids and returns theirs."""
+        ``seq_num_computed``, ``seq_num_blocks`` and, unless ``block_at`` is given, ``seq_table_offsets``
+        and ``seq_tables``) and the blocks' reference counts (paged; read only at the sequences'
+        current blocks): an array indexed by block id, or a function that takes block ids and
+        returns theirs. ``block_at(seq_ids, block_indices)``: those blocks of those sequences'
+        tables, instead of the tables."""
         get = seqs.__getitem__ if isinstance(seqs, Mapping) else lambda name: getattr(seqs, name)
         step = len(self._num_slots)
         self._num_slots.append(int(num_slots))
@@ -137,7 +137,6 @@ class WasteAccumulator:
             # blocks before it are full, blocks after it are fresh and private, and prefix-cache
             # hits are full blocks. Its holders (forked samples) share lo and the block's end.
             rows = np.flatnonzero(has)
-            block_at = seqs.get("block_at") if isinstance(seqs, Mapping) else None
             if block_at is not None:
                 tail = np.asarray(block_at(ids[rows].tolist(), (lo[rows] // block_size).tolist()), dtype=np.int64)
             else:
@@ -245,17 +244,18 @@ def waste_breakdown(snapshots: Iterable, final_written: Mapping[int, int]) -> di
     return acc.breakdown(final_written)
 
 
-def measure_run(engine, max_steps: int | None = None) -> tuple[object, dict[str, float]]:
+def measure_run(engine, max_steps: int | None = None, released: Mapping[int, int] | None = None) -> tuple[object, dict[str, float]]:
     """Run ``engine`` to the end (or ``max_steps`` calls of its ``step``) and return its
     :class:`~pagedkv_core.metrics.RunSummary` and its breakdown. Each step is read from the
-    engine (:meth:`WasteAccumulator.add_engine`: the sequences' arrays the step built anyway and
-    the allocator's counters), with no snapshot: no copy of the per-slot arrays, no outputs."""
+    engine (:meth:`WasteAccumulator.add_engine`), with no snapshot and no outputs; an idle stretch
+    that passed in one call (``skip_idle``) counts each of its steps. ``released``: as for
+    :func:`final_written` (a streamed run's forgotten sequences)."""
     acc = WasteAccumulator()
     calls = 0
     while engine.has_unfinished() and (max_steps is None or calls < max_steps):
         before = engine.step_index
         engine.step(snapshot=False, outputs=False)
         calls += 1
-        for _ in range(engine.step_index - before):  # an idle stretch passed in one call (skip_idle)
+        for _ in range(engine.step_index - before):
             acc.add_engine(engine)
-    return engine.summary(), acc.breakdown(final_written(engine))
+    return engine.summary(), acc.breakdown(final_written(engine, released))

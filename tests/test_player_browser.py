@@ -55,16 +55,33 @@ def shown_step(page) -> int:
 # while to get there, and frames land meanwhile): noted by a listener that runs before the app's.
 # The page's script runs are counted too (stApp's run state turning to "running"), so that a page
 # that stops moving tells whether its ticks stopped reaching the server or came back unchanged.
+# What the page did after each Pause press is kept as a timeline (seconds since the press: every
+# pointer press and click with the step on the screen, the button's label and each full or
+# fragment script run), so that a landing off the screen's step says where the time went.
 NOTE_PRESS = """() => {
+    const step = () => { const s = document.querySelector('%s'); return s ? +s.getAttribute('value') : null; };
+    const label = () => { const b = document.querySelector('%s'); return b ? b.innerText.trim().split('\\n').pop() : null; };
+    window.__timeline = []; window.__t0 = performance.now();
+    const note = (what) => window.__timeline.length < 400 &&
+        window.__timeline.push([+((performance.now() - window.__t0) / 1000).toFixed(2), what, step(), label()]);
+    window.__mark = () => { window.__timeline = []; window.__t0 = performance.now(); };
     document.addEventListener('pointerdown', () => {
-        const s = document.querySelector('%s'); window.__shownAtPress = s ? +s.getAttribute('value') : null;
-        window.__runsAtPress = window.__runs || 0;
+        window.__shownAtPress = step(); window.__runsAtPress = window.__runs || 0; note('pointerdown');
     }, true);
+    document.addEventListener('click', () => note('click'), true);
     window.__runs = 0;
     const app = document.querySelector('[data-testid="stApp"]');
-    new MutationObserver(() => { if (app.getAttribute('data-test-script-state') === 'running') window.__runs++; })
-        .observe(app, {attributes: true, attributeFilter: ['data-test-script-state']});
-}""" % STEP
+    new MutationObserver(() => {
+        const s = app.getAttribute('data-test-script-state');
+        if (s === 'running') window.__runs++;
+        note('script ' + s);
+    }).observe(app, {attributes: true, attributeFilter: ['data-test-script-state']});
+}""" % (STEP, PLAY)
+
+
+def one_frame(speed: int) -> int:
+    """The most steps one frame advances at ``speed``: how far past the screen a Pause may land."""
+    return round(speed * player.MAX_CATCH_UP_S)
 
 
 def wait_label(page, label: str) -> bool:
@@ -134,6 +151,7 @@ def cycles(page, url: str, speed: int, console: list[str]) -> list[tuple[int, in
         assert wait_label(page, "Pause"), f"speed {speed}, cycle {cycle}: the Play press was lost ({button_label(page)!r})"
         assert plays(page, start), f"speed {speed}, cycle {cycle}: Play took effect but the step stayed at {start}: {state(page)}"
         page.wait_for_timeout(PLAY_MS)
+        page.evaluate("() => window.__mark()")
         page.locator(PLAY).click(timeout=WAIT_MS)
         before = page.evaluate("() => window.__shownAtPress")
         assert wait_label(page, "Play"), f"speed {speed}, cycle {cycle}: the Pause press was lost ({button_label(page)!r})"
@@ -143,6 +161,9 @@ def cycles(page, url: str, speed: int, console: list[str]) -> list[tuple[int, in
         assert error is None, f"speed {speed}, cycle {cycle}: {error}"
         landings.append((before, paused))
         played.append((start, paused))
+        if not before <= paused <= before + one_frame(speed):
+            print(f"\nspeed {speed}, cycle {cycle}: Pause pressed at step {before} landed at {paused}; what the page "
+                  f"did after the press (s, what, step, button): {page.evaluate('() => window.__timeline')}")
     return landings
 
 
@@ -154,7 +175,7 @@ def test_play_pause_lands_on_the_screen_and_every_press_counts_in_a_slow_browser
         started = time.monotonic()
         for speed in (10, 50):
             landings = cycles(page, url, speed, console)
-            frame = round(speed * player.MAX_CATCH_UP_S)  # the most one frame advances
+            frame = one_frame(speed)
             late = [(b, p) for b, p in landings if not b <= p <= b + frame]
             print(f"\nspeed {speed}: (shown before Pause, paused at) {landings}; {time.monotonic() - started:.0f} s so far")
             assert not late, f"speed {speed}: Pause landed more than one frame ({frame} steps) from the screen: {late}"

@@ -92,3 +92,19 @@ def test_the_template_is_the_apps_theme_not_plotlys_default():
     fig = heat([[0]])
     assert fig["layout"]["template"] == live_chart.THEME
     assert len(json.dumps(fig["layout"]["template"])) < 2_000
+
+
+def test_the_same_figure_again_is_the_same_message_and_a_changed_one_is_not():
+    """A player holding its frame (the browser still draws it) sends the same figure each tick: the
+    same message, revision included, which the browser has drawn and so skips."""
+    state = {}
+    first = message(state, heat([[0, 1]], "step 1"), {}, URL, fresh=False)
+    assert message(state, heat([[0, 1]], "step 1"), {}, URL, fresh=False) is first  # the keyframe, held
+    second = message(state, heat([[1, 1]], "step 2"), {}, URL, fresh=False)
+    assert second["rev"] == 1 and second["prev"] == 0
+    held = message(state, heat([[1, 1]], "step 2"), {}, URL, fresh=False)
+    assert held is second and held["rev"] == 1
+    assert message(state, heat([[1, 1]], "step 2"), {"displaylogo": False}, URL, fresh=False)["rev"] == 2  # config
+    assert "full" in message(state, heat([[1, 1]], "step 2"), {}, URL, fresh=True)  # a full run: a keyframe
+    state.pop("keyframe"), state.pop("last"), state.pop("sent")  # what _forget does when the browser lacks it
+    assert "full" in message(state, heat([[1, 1]], "step 2"), {}, URL, fresh=False)

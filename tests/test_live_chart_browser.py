@@ -10,7 +10,10 @@ SAMPLE_S seconds (and until the heatmap has shown a few different frames):
   between samples (a MutationObserver checks after each);
 - it is the same DOM node at every sample: frames update it in place (``st.plotly_chart`` mounted
   a new element for every frame, blank until drawn);
-- its heatmap data (the cells' x, y and codes) changes from frame to frame on that node.
+- its heatmap data (the cells' x, y and codes) changes from frame to frame on that node;
+- no draw repeats the one before it (the same cells under the same title): a tick that holds its
+  frame for a browser still drawing it sends the message already drawn, and the browser draws
+  nothing (it used to draw every held frame again, two draws in three while playing here).
 
 Against ``st.plotly_chart`` this fails: the node changes every frame and samples catch it absent.
 The waits depend on progress (the step moving, frames arriving), bounded generously; nothing is timed.
@@ -35,12 +38,25 @@ MIN_FRAMES = 3  # different heatmaps seen on the node
 BOUND_S = 180.0  # the most the sampling may take on a slow machine (a bound, not an expectation)
 
 # Between samples, every change to the page is checked too: a MutationObserver notes each time the
-# chart's plot is missing once the browser has applied a batch of changes.
+# chart's plot is missing once the browser has applied a batch of changes, and each draw of the chart
+# (its data-rev attribute, set after every draw) that shows the same cells and title as the draw before.
 WATCH = """(chart) => {
-  window.__blank = 0;
+  window.__blank = 0; window.__draws = 0; window.__repeats = 0; window.__lastDraw = null;
   const drawn = () => { const n = document.querySelector(chart); return !!(n && n.querySelector('.main-svg') && n.querySelector('.hm')); };
   new MutationObserver(() => { if (!drawn()) window.__blank += 1; })
     .observe(document.querySelector('[data-testid="stMain"]'), {childList: true, subtree: true});
+  new MutationObserver((records) => {
+    for (const r of records) {
+      const n = r.target;
+      if (!n.matches || !n.matches(chart)) continue;
+      const cells = (n.data || []).filter((t) => t.type === 'heatmap').map((t) => JSON.stringify([t.x, t.y, t.z]));
+      const title = n.layout && n.layout.title && n.layout.title.text;
+      const seen = JSON.stringify([title, cells]);
+      window.__draws += 1;
+      if (seen === window.__lastDraw) window.__repeats += 1;
+      window.__lastDraw = seen;
+    }
+  }).observe(document.querySelector('[data-testid="stMain"]'), {attributes: true, attributeFilter: ['data-rev'], subtree: true});
 }"""
 
 SAMPLE = """([chart, step]) => {
@@ -92,12 +108,14 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
             assert time.monotonic() < deadline, f"only {len(seen)} different heatmaps in {len(samples)} samples"
             page.wait_for_timeout(SAMPLE_MS)
         blank = page.evaluate("() => window.__blank")
+        draws, repeats = page.evaluate("() => [window.__draws, window.__repeats]")
         page.locator(PLAY).click()  # Pause
         absent = [i for i, s in enumerate(samples) if not s["present"]]
         replaced = [i for i, s in enumerate(samples) if s["present"] and not s["same"]]
         assert not absent, f"the chart was absent or empty at {len(absent)} of {len(samples)} samples"
         assert not replaced, f"the chart was a new DOM node at {len(replaced)} of {len(samples)} samples"
         assert blank == 0, f"the chart's plot was missing after {blank} changes to the page"
+        assert draws >= MIN_FRAMES and repeats == 0, f"{repeats} of the chart's {draws} draws drew the frame drawn before"
         steps = [s["step"] for s in samples]
         assert steps[-1] > steps[0], "the run did not advance while sampled"
         assert len({s["z"] for s in samples}) >= MIN_FRAMES  # new data, on the same node

@@ -15,7 +15,9 @@ number or type) carries the whole figure: the *keyframe*. Later ones carry only 
 the keyframe: a trace's changed attributes (a heatmap's ``z``, its hover ``text``), the points a
 curve gained since the keyframe, and the top-level layout entries that changed (a title, the
 current-step line). Every message is complete given its keyframe, so a message the browser never
-drew (Streamlit renders only the newest of several that arrive together) costs nothing. A browser
+drew (Streamlit renders only the newest of several that arrive together) costs nothing. The same
+figure as the message before (a player holding its frame for a busy browser) is sent as the same
+message, revision and all, and the browser does not draw a revision twice. A browser
 without that keyframe (the element was mounted afresh by a fragment rerun) asks for it, and the
 next run sends the whole figure. Numeric arrays travel as Plotly's typed-array form (base64), as
 ``st.plotly_chart`` sends them.
@@ -123,6 +125,7 @@ async function draw(c) {
         }
         continue;
       }
+      if (c.drawn && m.rev === c.rev && m.base === c.base) continue;  // drawn already: a held frame
       const grown = m.grow && c.rev === m.prev && c.drawn;
       const fig = grown ? null : target(c, m);
       if (grown) {  // only curves grew (and perhaps the layout changed): extend them in place
@@ -275,7 +278,12 @@ def growth(last: dict, fig: dict) -> tuple[dict, dict] | None:
 
 def message(state: dict, fig: dict, config: dict, url: str, *, fresh: bool) -> dict:
     """The message for ``fig`` given what this key sent before (``state``, updated in place);
-    ``fresh``: start with a keyframe whatever was sent."""
+    ``fresh``: start with a keyframe whatever was sent. The same figure as the message before (a
+    player holding its frame for a browser still drawing it) is the same message, revision
+    included: the browser has drawn it already and draws nothing."""
+    sent = state.get("sent")
+    if not fresh and sent is not None and state.get("last") == fig and sent["config"] == config:
+        return sent
     rev = state.get("rev", -1) + 1
     msg = {"plotly": url, "config": config, "rev": rev, "prev": state.get("rev", -1)}
     kf = state.get("keyframe")
@@ -291,7 +299,7 @@ def message(state: dict, fig: dict, config: dict, url: str, *, fresh: bool) -> d
         grown = growth(last, fig) if last is not None and _shape(last) == _shape(fig) else None
         if grown is not None and grown[0]:
             msg["grow"], msg["relayout"] = grown
-    state["last"], state["rev"] = fig, rev
+    state["last"], state["rev"], state["sent"] = fig, rev, msg
     return msg
 
 
@@ -301,6 +309,7 @@ def _forget(state_key: str) -> None:
     if state is not None:
         state.pop("keyframe", None)
         state.pop("last", None)
+        state.pop("sent", None)
 
 
 def _full_run() -> object | None:

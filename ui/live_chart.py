@@ -303,13 +303,18 @@ def message(state: dict, fig: dict, config: dict, url: str, *, fresh: bool) -> d
     return msg
 
 
+def forget(state: dict) -> None:
+    """What a key sent is unknown to the browser (it mounted the chart afresh): the next
+    :func:`message` is the whole figure."""
+    for name in ("keyframe", "last", "sent"):
+        state.pop(name, None)
+
+
 def _forget(state_key: str) -> None:
-    """The browser lacks this key's keyframe (it mounted the chart afresh): send the whole figure next."""
+    """The browser lacks this key's keyframe: send the whole figure next."""
     state = st.session_state.get(state_key)
     if state is not None:
-        state.pop("keyframe", None)
-        state.pop("last", None)
-        state.pop("sent", None)
+        forget(state)
 
 
 def _full_run() -> object | None:

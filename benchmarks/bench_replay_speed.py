@@ -74,28 +74,18 @@ def _baseline_root(commit: str = BASELINE_COMMIT) -> Path | None:
 
 
 def _busy_steps(trace: Path) -> tuple[int, int]:
-    """(steps, steps in which anything waited, ran or was swapped) from a trace's metric lists (a
-    version-3 ``idle`` line stands for ``steps`` steps with its metrics)."""
-    names = None
+    """(steps, steps in which anything waited, ran or was swapped) from a trace's metrics (an idle
+    run stands for its ``steps`` steps with its metrics; version 4's metrics are read out of its
+    stream without decoding the records)."""
+    from pagedkv_core.record.trace_file import metric_rows
+
     steps = busy = 0
-    with trace.open(encoding="utf-8") as f:
-        for line in f:
-            head = line[:4096]
-            if names is None:  # the first line is the header (its "type" may come last)
-                obj = json.loads(line)
-                names = obj["metric_fields"]
-                at = [names.index(n) for n in ("num_running", "num_waiting", "num_swapped", "step_tokens")]
-                continue
-            if head.startswith('{"type":"delta"'):
-                n = 1
-            elif head.startswith('{"type":"idle"'):
-                n = json.loads(line)["steps"]
-            else:
-                continue
-            i = line.index('"metrics":[') + len('"metrics":[')
-            values = line[i:line.index("]", i)].split(",")
-            steps += n
-            busy += n * any(float(values[j]) for j in at)
+    at = None
+    for names, n, values in metric_rows(trace):
+        if at is None:
+            at = [names.index(m) for m in ("num_running", "num_waiting", "num_swapped", "step_tokens")]
+        steps += n
+        busy += n * any(float(values[j]) for j in at)
     return steps, busy
 
 

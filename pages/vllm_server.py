@@ -81,7 +81,7 @@ with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
     mode = st.segmented_control("Watch", MODES, default=MODES[0], key=f"{KEY}_mode") or MODES[0]
     if mode == MODES[1]:
         with st.popover("Open a recording", icon=":material/folder_open:"):
-            st.file_uploader("A recorded observation (`observe --trace-out FILE`)", type=["jsonl"],
+            st.file_uploader("A recorded observation (`observe --trace-out FILE`)", type=["trace", "jsonl"],
                              key=f"{KEY}_upload", max_upload_size=workshop.upload_cap_mb())
     st.segmented_control("Colour blocks by", ["age", "reuse"], default="age", key=f"{KEY}_color",
                          help="age: seconds since the block was stored. reuse: times its hash was stored "
@@ -138,7 +138,7 @@ if mode == MODES[0]:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_recording(Path(tmp) / "observation.jsonl", live.recording, live.recorder.header | {
             "observation": {"kind": "vllm-observation", "unknown": list(UNKNOWN), "medium": "GPU"}})
-        st.download_button("Save this observation", path.read_bytes(), "vllm-observation.jsonl",
+        st.download_button("Save this observation", path.read_bytes(), "vllm-observation.trace",
                            icon=":material/download:", key=f"{KEY}_save")
         st.caption("The observation so far as a pagedkv trace: open it here under Recorded observation.")
 else:

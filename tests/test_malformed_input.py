@@ -217,7 +217,7 @@ def trace_lines() -> tuple[dict, ...]:
     """A small real trace (a fork, a cache hit, a later arrival), as its decoded lines."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "t.jsonl"
-        writer = TraceWriter(path, {"workload": "w"}, keyframe_every=2)
+        writer = TraceWriter(path, {"workload": "w"}, keyframe_every=2, version=3)  # text lines, edited below
         engine = Engine(EngineConfig(pool_slots=64, block_size=4), ScriptedSource(), recording=writer)
         parse_workload(WORKLOAD, "w").submit(engine)
         writer.set_header(engine.trace_header())
@@ -225,6 +225,30 @@ def trace_lines() -> tuple[dict, ...]:
             engine.step(snapshot=False)
         writer.close()
         return tuple(json.loads(line) for line in path.read_text().splitlines())
+
+
+@lru_cache(maxsize=1)
+def trace_v4() -> tuple[bytes, tuple[tuple[bytes, bytes], ...]]:
+    """The same run as a version-4 trace: (its header line, its frames as (kind, payload))."""
+    import struct
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "t.trace"
+        writer = TraceWriter(path, {"workload": "w"}, keyframe_every=2)
+        engine = Engine(EngineConfig(pool_slots=64, block_size=4), ScriptedSource(), recording=writer)
+        parse_workload(WORKLOAD, "w").submit(engine)
+        writer.set_header(engine.trace_header())
+        while engine.has_unfinished():
+            engine.step(snapshot=False)
+        writer.close()
+        data = path.read_bytes()
+    at = data.index(b"\n") + 1
+    head, frames = data[:at], []
+    while at < len(data):
+        kind, n = struct.unpack_from("<cI", data, at)
+        frames.append((kind, data[at + 5 : at + 5 + n]))
+        at += 5 + n
+    return head, tuple(frames)
 
 
 def garbage_data(data: st.DataObject) -> str:
@@ -273,3 +297,41 @@ def test_malformed_traces_are_a_trace_error(data):
         event("loaded")
     except TraceError as exc:
         one_line(exc)
+
+
+@settings(max_examples=EXAMPLES, **SETTINGS)
+@given(data=st.data())
+def test_malformed_v4_traces_are_a_trace_error(data):
+    """Version 4's binary frames, mutated: a byte flipped, a frame cut, dropped or two swapped,
+    bytes inserted. Each either loads or fails with a one-line TraceError."""
+    import struct
+
+    head, frames = trace_v4()
+    frames = list(frames)
+    i = data.draw(st.integers(0, len(frames) - 1), label="frame")
+    how = data.draw(st.sampled_from(["flip", "flip", "cut", "drop", "swap", "insert", "length"]), label="how")
+    kind, payload = frames[i]
+    if how == "flip" and payload:
+        at = data.draw(st.integers(0, len(payload) - 1), label="byte")
+        payload = payload[:at] + bytes([payload[at] ^ data.draw(st.integers(1, 255), label="xor")]) + payload[at + 1:]
+        frames[i] = (kind, payload)
+    elif how == "cut":
+        frames[i] = (kind, payload[: data.draw(st.integers(0, len(payload)), label="cut at")])
+    elif how == "drop":
+        del frames[i]
+    elif how == "swap" and i + 1 < len(frames):
+        frames[i], frames[i + 1] = frames[i + 1], frames[i]
+    elif how == "insert":
+        frames.insert(i, (data.draw(st.sampled_from([b"D", b"K", b"J", b"X"])), data.draw(st.binary(max_size=40))))
+    raw = head + b"".join(struct.pack("<cI", k, len(p)) + p for k, p in frames)
+    if how == "length":  # a frame's length field itself changed
+        at = len(head) + sum(5 + len(p) for _, p in frames[:i]) + 1
+        raw = raw[:at] + struct.pack("<I", data.draw(st.integers(0, (1 << 32) - 1))) + raw[at + 4:]
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "t.trace"
+        path.write_bytes(raw)
+        try:
+            load_recording(path)
+            event("loaded")
+        except TraceError as exc:
+            one_line(exc)

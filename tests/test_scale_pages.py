@@ -127,12 +127,13 @@ def test_zoom_draws_a_window_slot_by_slot(big_page):
 # ---------------------------------------------------------------------------- uploads
 def _v2_trace(tmp_path) -> bytes:
     run = play_scripted(EngineConfig(allocator="paged", pool_slots=2048), build_workload("burst"), "paged")
-    return write_recording(tmp_path / "t.jsonl", run.recording, {}).read_bytes()
+    return write_recording(tmp_path / "t.jsonl", run.recording, {}, version=2).read_bytes()
 
 
 @pytest.mark.parametrize("key, name, data, words", [
     ("trace_upload", "bad.jsonl", b'{"hello": 1}\n', "Cannot replay bad.jsonl"),
     ("trace_upload", "cut.jsonl", None, "Cannot replay cut.jsonl"),
+    ("trace_upload", "flip.trace", "v4", "Cannot replay flip.trace"),
     ("workload_upload", "bad.csv", b"TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,12,5\n0.5,twelve,5\n", "row 2"),
     ("workload_upload", "cols.csv", b"time,prompt,answer\n0,1,2\n", "cols.csv"),
     ("workload_upload", "bad.json", b"[{not json", "bad.json"),
@@ -142,6 +143,14 @@ def test_a_bad_upload_shows_st_error_not_an_exception(tmp_path, key, name, data,
         lines = _v2_trace(tmp_path).split(b"\n")
         lines[3] = lines[3].replace(b'"data":"', b'"data":"!!')
         data = b"\n".join(lines)
+    elif data == "v4":  # a version-4 trace with a byte of its third frame's deflated piece flipped
+        run = play_scripted(EngineConfig(allocator="paged", pool_slots=2048), build_workload("burst"), "paged")
+        data = bytearray(write_recording(tmp_path / "t.trace", run.recording, {}).read_bytes())
+        third = data.index(b"\n") + 1
+        for _ in range(2):
+            third += 5 + int.from_bytes(data[third + 1:third + 5], "little")
+        data[third + 5 + 8] ^= 0xFF
+        data = bytes(data)
     at = open_page("pages/reserve_or_page.py")
     uploader(at, key).set_value((name, data, "text/plain")).run()
     assert not at.exception, at.exception

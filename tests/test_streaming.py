@@ -10,7 +10,7 @@ from pagedkv_core.cli import main
 from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.record.recording import Recording
-from pagedkv_core.record.trace_file import load_recording
+from pagedkv_core.record.trace_file import load_recording, trace_records
 from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.workloads.scenarios import (
     MAX_LOG_REQUESTS,
@@ -155,9 +155,11 @@ def test_a_streamed_runs_trace_lists_its_requests_in_their_steps_and_replays(tmp
     header, rec = load_recording(trace)
     ids = [r["id"] for r in header["requests"]]
     assert ids == [f"r{i}" for i in range(1, 41)]
-    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    lines = trace_records(trace)
     assert "requests" not in lines[0] or lines[0]["requests"] == []
-    listed = {r["id"]: line["step"] for line in lines if line["type"] == "delta" for r in line.get("requests", ())}
+    # version 4: a step's requests are a JSON frame just before the step's own frame
+    listed = {r["id"]: lines[i + 1]["step"] for i, line in enumerate(lines) if line["type"] == "requests"
+              for r in line["requests"]}
     assert all(listed[r["id"]] == r["arrival_step"] for r in header["requests"])
     assert rec.num_steps == summary["steps"]
     assert main(["replay", str(trace), "--json"]) == 0

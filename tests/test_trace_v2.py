@@ -45,7 +45,7 @@ def burst():
 
 
 def lines_of(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return trace.trace_records(path)
 
 
 def write_lines(path, objs) -> None:
@@ -61,7 +61,7 @@ def with_record(obj: dict, data: bytes) -> dict:
 
 
 # ---------------------------------------------------------------------------- round trips
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 @pytest.mark.parametrize("allocator", ["paged", "contiguous"])
 def test_round_trip_gives_equal_snapshots_and_header(tmp_path, allocator, version):
     engine = engine_for("shared_preamble", allocator=allocator)
@@ -127,7 +127,7 @@ def test_v1_trace_still_replays(tmp_path, burst):
 
 def test_a_trace_cut_short_loads_up_to_its_last_whole_line(tmp_path, burst):
     snaps, header = burst
-    path = write_trace(tmp_path / "t.jsonl", snaps, header)
+    path = write_trace(tmp_path / "t.jsonl", snaps, header, version=2)
     text = path.read_text()
     cut = text[: text.index('"type":"delta","step":50') - 40]  # in the middle of step 49's line
     path.write_text(cut)
@@ -168,7 +168,7 @@ CASES = {
     "bad base64": (lambda ls: [*ls[:1], {**ls[1], "data": "@@not base64@@"}, *ls[2:]], "not base64"),
     "not zlib": (lambda ls: [*ls[:1], {**ls[1], "data": base64.b64encode(b"plain").decode()}, *ls[2:]], "not zlib"),
     "short record": (lambda ls: [*ls[:3], with_record(ls[3], record_bytes(ls[3])[:-4]), *ls[4:]], "add up to"),
-    "unknown version": (lambda ls: header_change(ls, version=4), "version 4"),
+    "unknown version": (lambda ls: header_change(ls, version=5), "version 5"),
     "version true": (lambda ls: header_change(ls, version=True), "version True"),
     "block_size 0": (lambda ls: pool_change(ls, block_size=0), "block_size"),
     "huge pool": (lambda ls: pool_change(ls, num_slots=1 << 40), "num_slots"),
@@ -378,7 +378,7 @@ def gapped_recording() -> Recording:
 
 def test_v3_writes_an_idle_stretch_as_one_line_and_loads_every_step_back(tmp_path):
     rec = gapped_recording()
-    path = write_recording(tmp_path / "idle.jsonl", rec, {"workload": "gaps"})
+    path = write_recording(tmp_path / "idle.jsonl", rec, {"workload": "gaps"}, version=3)
     lines = lines_of(path)
     assert lines[0]["version"] == 3 and lines[0]["encoding"] == trace.ENCODING_V3
     idle = [(o["step"], o["steps"]) for o in lines if o["type"] == "idle"]
@@ -396,7 +396,7 @@ def test_v3_writes_an_idle_stretch_as_one_line_and_loads_every_step_back(tmp_pat
 def test_v3_is_smaller_than_v2_and_a_cut_trace_loads_to_its_last_whole_line(tmp_path, burst):
     snaps, header = burst
     v2 = write_trace(tmp_path / "v2.jsonl", snaps, header, version=2)
-    v3 = write_trace(tmp_path / "v3.jsonl", snaps, header)
+    v3 = write_trace(tmp_path / "v3.jsonl", snaps, header, version=3)
     assert v3.stat().st_size < 0.6 * v2.stat().st_size
     text = v3.read_text()
     v3.write_text(text[: text.index('"type":"delta","step":70') - 30])  # in the middle of step 69's line
@@ -405,7 +405,7 @@ def test_v3_is_smaller_than_v2_and_a_cut_trace_loads_to_its_last_whole_line(tmp_
 
 
 def v3_lines(snaps, header, tmp_path) -> list[dict]:
-    return lines_of(write_trace(tmp_path / "ok3.jsonl", snaps[:40], header))
+    return lines_of(write_trace(tmp_path / "ok3.jsonl", snaps[:40], header, version=3))
 
 
 V3_CASES = {
@@ -426,6 +426,124 @@ V3_CASES = {
 def test_malformed_v3_traces_raise_one_line_trace_errors(tmp_path, burst, case):
     snaps, header = burst
     assert_one_line_error(tmp_path / "bad3.jsonl", v3_lines(snaps, header, tmp_path), *V3_CASES[case])
+
+
+# ---------------------------------------------------------------------------- version 4
+def test_v4_is_v3_in_frames_smaller_and_a_cut_trace_loads_to_its_last_whole_frame(tmp_path, burst):
+    snaps, header = burst
+    v3 = write_trace(tmp_path / "v3.jsonl", snaps, header, version=3)
+    v4 = write_trace(tmp_path / "v4.trace", snaps, header)
+    assert trace.TRACE_VERSION == 4 and lines_of(v4)[0]["encoding"] == trace.ENCODING_V4
+    # the same records, kinds and steps, in the same order (idle runs, keyframes, the end)
+    kinds = lambda ls: [(o["type"], o.get("step")) for o in ls[1:]]  # noqa: E731
+    assert kinds(lines_of(v4)) == kinds(lines_of(v3))
+    assert v4.stat().st_size < 0.75 * v3.stat().st_size
+    assert read_trace(v4) == read_trace(v3)
+    data = v4.read_bytes()
+    head, frames = _frames(data)
+    cut = len(head)
+    for kind, payload in frames:
+        if kind == b"D" and int.from_bytes(payload[:8], "little") == 69:
+            break
+        cut += 5 + len(payload)
+    for end in (cut + 3, cut + 20):  # in step 69's frame head, in its piece
+        v4.write_bytes(data[:end])
+        got_header, rec = load_recording(v4)
+        assert got_header["truncated"] is True and rec.num_steps == 69 and rec.last() == snaps[68]
+
+
+def test_v4_keeps_idle_runs_and_streamed_requests(tmp_path):
+    rec = gapped_recording()
+    path = write_recording(tmp_path / "idle.trace", rec, {"workload": "gaps"})
+    idle = [(o["step"], o["steps"]) for o in lines_of(path) if o["type"] == "idle"]
+    assert idle == [(3, 1), (4, 46), (55, 1), (56, 144)]
+    _, back = load_recording(path)
+    assert back.idle_runs() == rec.idle_runs() and all(back.at(s) == rec.at(s) for s in rec.steps)
+
+
+def test_v4_metrics_round_trip_exactly():
+    from pagedkv_core.metrics import StepMetrics
+    from pagedkv_core.record.recording import INT_METRICS
+    from pagedkv_core.record.trace_frames import MetricsCodec
+
+    rng = np.random.default_rng(5)
+    names = trace.METRIC_FIELDS
+    writer, reader = MetricsCodec(names, INT_METRICS), MetricsCodec(names, INT_METRICS)
+    for i in range(50):
+        m = StepMetrics()
+        for n in names:
+            if n in INT_METRICS:
+                setattr(m, n, int(rng.choice([0, 1, -1, (1 << 63) - 1, -(1 << 63), int(rng.integers(-1e9, 1e9))])))
+            else:
+                setattr(m, n, float(rng.choice([0.0, -0.0, 1e-300, 1e300, rng.random()])))
+        if i == 25:
+            writer.restart(), reader.restart()
+        assert reader.decode(writer.encode(m)) == [getattr(m, n) for n in names]
+
+
+def v4_bytes(snaps, header, tmp_path) -> bytes:
+    return write_trace(tmp_path / "ok4.trace", snaps[:40], header).read_bytes()
+
+
+def _frames(data: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """(header line, [(kind, payload)]) of version-4 bytes."""
+    import struct
+
+    at = data.index(b"\n") + 1
+    head, out = data[:at], []
+    while at < len(data):
+        kind, n = struct.unpack_from("<cI", data, at)
+        out.append((kind, data[at + 5 : at + 5 + n]))
+        at += 5 + n
+    return head, out
+
+
+def _join(head: bytes, frames) -> bytes:
+    import struct
+
+    return head + b"".join(struct.pack("<cI", k, len(p)) + p for k, p in frames)
+
+
+def _v4_edit(edit):
+    def apply(data: bytes) -> bytes:
+        head, frames = _frames(data)
+        return _join(head, edit(frames))
+    return apply
+
+
+V4_CASES = {
+    "unknown kind": (_v4_edit(lambda fs: [*fs[:3], (b"X", fs[3][1]), *fs[4:]]), "unknown frame kind"),
+    "huge length": (lambda d: d + b"D" + (0xFFFFFFFF).to_bytes(4, "little") + b"\0" * 64, "over the"),
+    "not deflate": (_v4_edit(lambda fs: [*fs[:3], (b"D", fs[3][1][:8] + b"\xff\xff\xff\xff"), *fs[4:]]), "deflate"),
+    "a step left out": (_v4_edit(lambda fs: [*fs[:3], *fs[4:]]), "does not follow|deflate|record|metric"),
+    "no step number": (_v4_edit(lambda fs: [*fs[:3], (b"D", b"\1\2"), *fs[4:]]), "no step number"),
+    "a wrong JSON frame": (_v4_edit(lambda fs: [*fs[:3], (b"J", b'{"type":"delta","step":2}'), *fs[3:]]), "JSON frame"),
+    "JSON frame not JSON": (_v4_edit(lambda fs: [*fs[:3], (b"J", b"{oops"), *fs[3:]]), "not JSON"),
+    "JSON frame not UTF-8": (_v4_edit(lambda fs: [*fs[:3], (b"J", b"\xff\xfe"), *fs[3:]]), "UTF-8"),
+    "data after the end": (_v4_edit(lambda fs: [*fs, fs[3]]), "after the end"),
+    "wrong encoding": (lambda d: d.replace(trace.ENCODING_V4.encode(), trace.ENCODING_V3.encode(), 1), "encoding"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(V4_CASES))
+def test_malformed_v4_traces_raise_one_line_trace_errors(tmp_path, burst, case):
+    snaps, header = burst
+    edit, match = V4_CASES[case]
+    path = tmp_path / "bad4.trace"
+    path.write_bytes(edit(v4_bytes(snaps, header, tmp_path)))
+    with pytest.raises(TraceError, match=match) as info:
+        load_recording(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_v4_refuses_a_metric_that_is_not_finite(tmp_path, burst):
+    import dataclasses
+
+    snaps, header = burst
+    bad = [*snaps[:5], dataclasses.replace(snaps[5], metrics=dataclasses.replace(snaps[5].metrics, kv_usage=float("nan")))]
+    path = write_trace(tmp_path / "nan.trace", bad, header)
+    with pytest.raises(TraceError, match="kv_usage is nan, not a finite number"):
+        load_recording(path)
 
 
 def test_v3_file_records_round_trip_any_values():

@@ -128,7 +128,7 @@ def downloads(files: Export, key: str) -> None:
         with st.container(horizontal=True, gap="small"):  # each button as wide as its label: none is cut short
             exports.download_animation(files.runs, key, files.title, files.file_stem)
             for run in files.runs:
-                st.download_button(f"Download the {run.allocator} trace (.jsonl)", run.trace_bytes if run.done else b"",
-                                   file_name=f"pagedkv-{run.allocator}.jsonl", mime="application/jsonl",
+                st.download_button(f"Download the {run.allocator} trace (.trace)", run.trace_bytes if run.done else b"",
+                                   file_name=f"pagedkv-{run.allocator}.trace", mime="application/octet-stream",
                                    disabled=not run.done, key=f"{key}_dl_{run.allocator}", on_click="ignore")
     st.caption(exports.ANIMATION_NOTE)

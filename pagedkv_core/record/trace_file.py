@@ -1,6 +1,12 @@
 """Traces: a run's header and its steps in one file, written as the run goes.
 
-Version 3 (written today) keeps version 2's lines (below) and changes three things:
+Version 4 (written today) is version 3 below in binary frames: the header is still its first
+line, JSON text, and after it each step is a frame whose one deflated piece holds the step's
+metrics (binary) and its record, with no base64 (:mod:`pagedkv_core.record.trace_frames`). The
+whole Azure conversation log at 262,144 slots, paged: see the README's *Traces* section.
+
+Version 3 (still written with ``TraceWriter(..., version=3)``, and read) keeps version 2's
+lines (below) and changes three things:
 
 - ``"encoding": "narrow+delta+shuffle+deflate-stream+base64"``: each record's ``data`` is its
   file form (:mod:`pagedkv_core.record.stream_codec`: pool and per-sequence values as
@@ -85,12 +91,16 @@ from ..safe_io import loads_strict, open_capped
 from .snapshot import StepSnapshot
 from .step_codec import KEYFRAME_FIELDS, STEP_FIELDS, StepState, check_states, repeat_record
 from .stream_codec import Deflater, Inflater, pack_file_record, unpack_file_record
+from .trace_frames import KIND_DELTA, KIND_JSON, KIND_KEYFRAME, STEP, MetricsCodec, frame, read_frames
 
 TRACE_FORMAT = "pagedkv-trace"
-TRACE_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+TRACE_VERSION = 4
+WRITABLE_VERSIONS = (2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4)
 ENCODING = "zlib+base64"  # version 2: each record deflated on its own
 ENCODING_V3 = "narrow+delta+shuffle+deflate-stream+base64"  # version 3: see stream_codec
+ENCODING_V4 = "narrow+delta+shuffle+deflate-stream+frames"  # version 4: see trace_frames
+ENCODINGS = {2: ENCODING, 3: ENCODING_V3, 4: ENCODING_V4}
 MAX_TRACE_BYTES = 4 << 30  # 4 GiB: what a 1,048,576-slot run of several thousand steps can reach
 MAX_LINE_BYTES = 256 << 20  # one record (a version-1 step of a 1M-slot pool is about 20 MB)
 MAX_RECORD_BYTES = 1 << 30  # a record, decompressed
@@ -98,6 +108,7 @@ TRACE_KEYFRAME_BYTES_PER_STEP = KEYFRAME_BYTES_PER_STEP // 4  # version 2: a fil
 V3_KEYFRAME_BYTES_PER_STEP = 256  # version 3: raw pool bytes a step (a keyframe deflates to about a third)
 V3_MIN_KEYFRAME_EVERY, V3_MAX_KEYFRAME_EVERY = 32, 1 << 16
 METRIC_FIELDS = tuple(f.name for f in fields(StepMetrics))
+V4_STEP_BYTES = STEP.size  # a version-4 delta or keyframe frame's step number, before its deflated piece
 # The record layouts, as numpy type strings: a reader refuses a trace whose layouts differ.
 RECORD_FIELDS = {"step": {k: v.str for k, v in STEP_FIELDS.items()}, "keyframe": {k: v.str for k, v in KEYFRAME_FIELDS.items()}}
 _BOOKKEEPING = ("type", "format", "version", "pool", "metric_fields", "keyframe_every", "encoding", "record_fields")
@@ -117,30 +128,31 @@ class TraceError(ValueError):
 
 # ---------------------------------------------------------------------------- writing
 class TraceWriter(Recorder):
-    """Streams a run into a version-2 trace. It is a recorder, so the engine can record into
-    it directly (``Engine(config, source, recording=writer)``) and nothing but the last step
-    stays in memory. The header line is written with the first step (or at close), so
+    """Streams a run into a trace (version 4 unless ``version`` says 2 or 3). It is a recorder,
+    so the engine can record into it directly (``Engine(config, source, recording=writer)``) and
+    nothing but the last step stays in memory. The header line is written with the first step (or at close), so
     :meth:`set_header` may still add the requests after the engine is built."""
 
     def __init__(self, path, header: dict | None = None, scalars: dict | None = None,
                  keyframe_every: int | None = None, level: int | None = None, version: int = TRACE_VERSION):
         super().__init__(keyframe_every)
-        if version not in (2, 3):
+        if version not in WRITABLE_VERSIONS:
             raise ValueError(f"cannot write trace version {version!r}")
         self.version = version
         self.path = Path(path)
         self._header = dict(header or {})
         self._level = (1 if version == 2 else 6) if level is None else level
-        self._deflate = Deflater(self._level)  # version 3: one stream, restarted at each keyframe
-        self._idle: list | None = None  # version 3: the idle run not yet written: [step, steps, metrics, requests]
-        self._file = self.path.open("w", encoding="utf-8")
+        self._deflate = Deflater(self._level)  # versions 3 and 4: one stream, restarted at each keyframe
+        self._metrics = MetricsCodec(METRIC_FIELDS, INT_METRICS)  # version 4: restarted with the stream
+        self._idle: list | None = None  # versions 3 and 4: the idle run not yet written: [step, steps, metrics, requests]
+        self._file = self.path.open("wb")
         self._wrote_header = False
         self._arrived: list[dict] = []  # requests submitted in the step being recorded (add_requests)
         if scalars is not None:
             self.start(scalars)
 
     def _default_keyframe_every(self, num_slots: int, num_blocks: int) -> int:
-        if self.version == 3:
+        if self.version >= 3:
             return v3_keyframe_every(num_slots, num_blocks)
         return default_keyframe_every(num_slots, num_blocks, TRACE_KEYFRAME_BYTES_PER_STEP)
 
@@ -156,7 +168,7 @@ class TraceWriter(Recorder):
 
     @property
     def wants_before(self) -> bool:
-        return self.version == 3
+        return self.version >= 3
 
     def _pack(self, record: bytes, fields=STEP_FIELDS, before: dict | None = None) -> str:
         if self.version == 2:
@@ -164,14 +176,16 @@ class TraceWriter(Recorder):
         return base64.b64encode(self._deflate.piece(pack_file_record(fields, record, before))).decode("ascii")
 
     def _line(self, obj: dict) -> None:
-        self._file.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        """A record that is JSON: a line, or in version 4 a JSON frame."""
+        text = json.dumps(obj, separators=(",", ":")).encode("utf-8")
+        self._file.write(frame(KIND_JSON, text) if self.version == 4 else text + b"\n")
 
     def _write_header(self) -> None:
         if self._wrote_header:
             return
         if self.scalars is None:
             raise ValueError("the trace has no pool sizes: start() it or add a step first")
-        self._line({
+        self._file.write(json.dumps({
             **self._header,
             "type": "header",
             "format": TRACE_FORMAT,
@@ -179,15 +193,18 @@ class TraceWriter(Recorder):
             "pool": self.scalars,
             "metric_fields": list(METRIC_FIELDS),
             "keyframe_every": self.keyframe_every,
-            "encoding": ENCODING if self.version == 2 else ENCODING_V3,
+            "encoding": ENCODINGS[self.version],
             "record_fields": RECORD_FIELDS,
-        })
+        }, separators=(",", ":")).encode("utf-8") + b"\n")  # the first line is JSON text in every version
         self._wrote_header = True
 
     def _keep(self, i: int, record: bytes, metrics: StepMetrics) -> None:
         self._write_header()
         self._write_idle()
         step = self.first_step + i
+        if self.version == 4:
+            self._keep_v4(i, step, record, metrics)
+            return
         line = {"type": "delta", "step": step, "metrics": [getattr(metrics, n) for n in METRIC_FIELDS],
                 "data": self._pack(record, before=self._before)}
         if self._arrived:
@@ -196,6 +213,18 @@ class TraceWriter(Recorder):
         if i % self.keyframe_every == 0:
             self._deflate.restart()  # a reader may start at a keyframe line
             self._line({"type": "keyframe", "step": step, "data": self._pack(self._head.keyframe(), KEYFRAME_FIELDS)})
+
+    def _keep_v4(self, i: int, step: int, record: bytes, metrics: StepMetrics) -> None:
+        if self._arrived:
+            self._line({"type": "requests", "requests": self._arrived})
+            self._arrived = []
+        piece = self._deflate.piece(self._metrics.encode(metrics) + pack_file_record(STEP_FIELDS, record, self._before))
+        self._file.write(frame(KIND_DELTA, STEP.pack(step) + piece))
+        if i % self.keyframe_every == 0:
+            self._deflate.restart()  # a reader may start at a keyframe frame
+            self._metrics.restart()
+            piece = self._deflate.piece(pack_file_record(KEYFRAME_FIELDS, self._head.keyframe()))
+            self._file.write(frame(KIND_KEYFRAME, STEP.pack(step) + piece))
 
     def _keep_idle(self, i: int, count: int, record: bytes, metrics: StepMetrics, extend: bool) -> None:
         if self.version == 2:  # a line a step, as version 2 always had
@@ -272,7 +301,7 @@ def write_trace(path, snapshots, header: dict | None = None, version: int = TRAC
             for snap in snapshots:
                 f.write(json.dumps({"type": "step", **snap.to_json()}, separators=(",", ":")) + "\n")
         return path
-    if version not in (2, 3):
+    if version not in WRITABLE_VERSIONS:
         raise ValueError(f"cannot write trace version {version!r}")
     with TraceWriter(path, header, version=version) as writer:
         for snap in snapshots:
@@ -299,36 +328,102 @@ def read_trace(path) -> tuple[dict, list[StepSnapshot]]:
     return header, [recording.at(step) for step in recording.steps]
 
 
+def trace_records(path) -> list[dict]:
+    """The file's records as objects, in order, without decoding any step: the header, then each
+    line (versions 1-3) or frame (version 4). A version-4 step or keyframe frame is
+    ``{"type": "delta" or "keyframe", "step": S, "bytes": N}`` (N: its deflated piece); its JSON
+    frames are the objects they hold. For looking into a file (tests, tools); :func:`load_recording`
+    is what reads one. Raises TraceError."""
+    try:
+        opened = open_capped(path, MAX_TRACE_BYTES, "trace")
+    except ConfigError as exc:
+        raise TraceError(str(exc)) from None
+    out = []
+    with opened as f:
+        lines = _lines(Path(path), f)
+        first = next(lines, None)
+        if first is None:
+            return out
+        out.append(_parse(Path(path), first[0], first[1]))
+        if isinstance(out[0], dict) and out[0].get("version") == 4:
+            try:
+                for number, _, kind, payload in read_frames(f, MAX_LINE_BYTES):
+                    if kind == KIND_JSON:
+                        out.append(_parse(Path(path), f"frame {number}", payload.decode("utf-8", "replace")))
+                    else:
+                        out.append({"type": "delta" if kind == KIND_DELTA else "keyframe",
+                                    "step": STEP.unpack_from(payload)[0] if len(payload) >= V4_STEP_BYTES else None,
+                                    "bytes": len(payload) - V4_STEP_BYTES})
+            except ValueError as exc:
+                raise TraceError(f"{path}: {exc}") from None
+        else:
+            out.extend(_parse(Path(path), number, text) for number, text, _ in lines)
+    return out
+
+
+def metric_rows(path):
+    """(metric_fields, steps, values) for each step line or frame and each idle run of a version 2-4
+    trace, in order, without decoding any record (version 4: only each piece's metrics), for a
+    reader that needs only the metrics (``bench replay-speed``). ``steps``: how many steps the row
+    stands for (an idle run's length, else 1). Raises TraceError."""
+    try:
+        opened = open_capped(path, MAX_TRACE_BYTES, "trace")
+    except ConfigError as exc:
+        raise TraceError(str(exc)) from None
+    with opened as f:
+        lines = _lines(Path(path), f)
+        first = next(lines, None)
+        header = _parse(Path(path), 1, first[1]) if first is not None else None
+        if not isinstance(header, dict) or header.get("version") not in (2, 3, 4):
+            raise TraceError(f"{path}: not a version 2-4 pagedkv trace")
+        names = header["metric_fields"]
+        if header["version"] < 4:
+            for number, text, _ in lines:
+                obj = _parse(Path(path), number, text)
+                if obj.get("type") in ("delta", "idle"):
+                    yield names, obj.get("steps", 1), obj["metrics"]
+            return
+        inflate, codec = Inflater(), MetricsCodec(names, INT_METRICS)
+        inflate.restart()
+        try:
+            for number, _, kind, payload in read_frames(f, MAX_LINE_BYTES):
+                if kind == KIND_JSON:
+                    obj = _parse(Path(path), f"frame {number}", payload.decode("utf-8"))
+                    if obj.get("type") == "idle":
+                        yield names, obj["steps"], obj["metrics"]
+                elif kind == KIND_KEYFRAME:
+                    inflate.restart()
+                    codec.restart()
+                    inflate.piece(payload[V4_STEP_BYTES:], MAX_RECORD_BYTES)
+                else:
+                    yield names, 1, codec.decode(inflate.piece(payload[V4_STEP_BYTES:], MAX_RECORD_BYTES))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise TraceError(f"{path}: {exc}") from None
+
+
 def load_recording(path) -> tuple[dict, Recording]:
-    """(header without the bookkeeping keys, the run as a Recording), streamed from a
-    version-1 or version-2 trace. Raises TraceError (one line)."""
+    """(header without the bookkeeping keys, the run as a Recording), streamed from a trace of
+    any readable version. Raises TraceError (one line)."""
     return _Loader(Path(path)).load()
 
 
-def _lines(path: Path):
-    """(line number, text, ends with a newline) of the non-blank lines, refusing oversized
-    files and lines."""
-    try:
-        try:
-            opened = open_capped(path, MAX_TRACE_BYTES, "trace")  # a regular file under the cap, never a FIFO
-        except ConfigError as exc:
-            raise TraceError(str(exc)) from None
-        with opened as f:
-            number = 0
-            while True:
-                raw = f.readline(MAX_LINE_BYTES + 1)
-                if not raw:
-                    return
-                number += 1
-                if len(raw) > MAX_LINE_BYTES:
-                    raise TraceError(f"{path}:{number}: line is longer than {MAX_LINE_BYTES:,} bytes")
-                if raw.strip():
-                    try:
-                        yield number, raw.decode("utf-8"), raw.endswith(b"\n")
-                    except UnicodeDecodeError:
-                        raise TraceError(f"{path}:{number}: not UTF-8 text") from None
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+def _lines(path: Path, f):
+    """(line number, text, ends with a newline) of the non-blank lines of the open file ``f``,
+    refusing oversized lines. After the first line ``f`` stands just past it (version 4's frames
+    start there)."""
+    number = 0
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceError(f"{path}:{number}: line is longer than {MAX_LINE_BYTES:,} bytes")
+        if raw.strip():
+            try:
+                yield number, raw.decode("utf-8"), raw.endswith(b"\n")
+            except UnicodeDecodeError:
+                raise TraceError(f"{path}:{number}: not UTF-8 text") from None
 
 
 def _parse(path: Path, number: int, text: str):
@@ -399,17 +494,37 @@ class _Loader:
         self.metric_fields: list = []
         self.pending = None  # the first delta, until its keyframe arrives
         self.ended = False
-        self.inflate = Inflater()  # version 3: the records' stream
+        self.inflate = Inflater()  # versions 3 and 4: the records' stream
+        self.metrics_codec = None  # version 4: the metrics in that stream
 
     def fail(self, number: int, message: str):
         raise TraceError(f"{self.path}:{number}: {message}") from None
 
     def load(self) -> tuple[dict, Recording]:
-        lines = _lines(self.path)
-        first = next(lines, None)
-        if first is None:
-            raise TraceError(f"{self.path} is empty, not a pagedkv trace")
-        self._header(*first[:2])
+        try:
+            try:
+                opened = open_capped(self.path, MAX_TRACE_BYTES, "trace")  # a regular file under the cap, never a FIFO
+            except ConfigError as exc:
+                raise TraceError(str(exc)) from None
+            with opened as f:
+                lines = _lines(self.path, f)
+                first = next(lines, None)
+                if first is None:
+                    raise TraceError(f"{self.path} is empty, not a pagedkv trace")
+                self._header(*first[:2])
+                if self.version == 4:
+                    self._load_frames(f)
+                else:
+                    self._load_lines(lines)
+        except OSError as exc:
+            raise TraceError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
+        if self.pending is not None:
+            raise TraceError(f"{self.path}: the first step has no keyframe")
+        if self.version >= 2 and not self.ended:
+            self.header["truncated"] = True  # no end record: the run stopped before close()
+        return self.header, self.recording
+
+    def _load_lines(self, lines) -> None:
         for number, text, whole in lines:
             try:
                 obj = _parse(self.path, number, text)
@@ -430,11 +545,52 @@ class _Loader:
                 self.fail(number, str(exc).split("\n")[0] or type(exc).__name__)
             except RecursionError:
                 self.fail(number, "nested too deeply")
-        if self.pending is not None:
-            raise TraceError(f"{self.path}: the first step has no keyframe")
-        if self.version >= 2 and not self.ended:
-            self.header["truncated"] = True  # no end record: the run stopped before close()
-        return self.header, self.recording
+
+    def _load_frames(self, f) -> None:
+        """Version 4: the frames after the header line (a frame cut short ends the trace, as a
+        cut line does)."""
+        frames = read_frames(f, MAX_LINE_BYTES)
+        while True:
+            try:
+                item = next(frames, None)
+            except ValueError as exc:
+                raise TraceError(f"{self.path}: {exc}") from None
+            if item is None:
+                return
+            number, offset, kind, payload = item
+            where = f"frame {number} (byte {offset:,})"
+            if self.ended:
+                self.fail(where, "data after the end record")
+            try:
+                if kind == KIND_JSON:
+                    obj = _parse(self.path, where, payload.decode("utf-8"))
+                    if not isinstance(obj, dict) or obj.get("type") not in ("idle", "end", "requests"):
+                        self.fail(where, "a JSON frame must be an idle, end or requests record")
+                    self._v2_line(where, obj)
+                    continue
+                if len(payload) < V4_STEP_BYTES:
+                    self.fail(where, f"a step frame of {len(payload)} bytes has no step number")
+                step = STEP.unpack_from(payload)[0]
+                piece = payload[V4_STEP_BYTES:]
+                if kind == KIND_KEYFRAME:
+                    self.inflate.restart()
+                    self.metrics_codec.restart()
+                    raw = unpack_file_record(KEYFRAME_FIELDS, self.inflate.piece(piece, MAX_RECORD_BYTES))
+                    self._keyframe(where, step, raw)
+                else:
+                    raw = self.inflate.piece(piece, MAX_RECORD_BYTES)
+                    codec = self.metrics_codec
+                    metrics = _metrics(self.metric_fields, codec.decode(raw))
+                    state = self.recording.head_state if self.recording.num_steps else None
+                    self._delta(where, step, unpack_file_record(STEP_FIELDS, raw[codec.size:], state), metrics)
+            except UnicodeDecodeError:
+                self.fail(where, "a JSON frame is not UTF-8 text")
+            except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError) as exc:
+                if isinstance(exc, TraceError):
+                    raise
+                self.fail(where, str(exc).split("\n")[0] or type(exc).__name__)
+            except RecursionError:
+                self.fail(where, "nested too deeply")
 
     def _header(self, number: int, text: str) -> None:
         obj = _parse(self.path, number, text)
@@ -448,7 +604,7 @@ class _Loader:
         try:
             _check_user_header(self.header)
             if version >= 2:
-                if obj.get("encoding") != (ENCODING if version == 2 else ENCODING_V3):
+                if obj.get("encoding") != ENCODINGS[version]:
                     raise ValueError(f"unknown encoding {obj.get('encoding')!r}")
                 if obj.get("record_fields") != RECORD_FIELDS:
                     raise ValueError("the trace's record layout is not this version's (its array types or fields differ)")
@@ -459,6 +615,7 @@ class _Loader:
                 if unknown or len(set(names)) != len(names):
                     raise ValueError(f"unknown or repeated metric field(s): {', '.join(unknown) or 'repeated'}")
                 self.metric_fields = names
+                self.metrics_codec = MetricsCodec(names, INT_METRICS)
                 self.recording.start(check_pool(obj.get("pool")))
                 self.inflate.restart()
         except ValueError as exc:
@@ -505,45 +662,27 @@ class _Loader:
         step = obj.get("step")
         if kind in ("delta", "keyframe", "idle") and (isinstance(step, bool) or not isinstance(step, int)):
             self.fail(number, "record step must be an integer")
-        if kind in ("delta", "idle"):
+        if kind in ("delta", "idle") or (kind == "requests" and self.version == 4):
             arrived = obj.get("requests")
             if arrived is not None:
                 if not isinstance(arrived, list) or not all(isinstance(r, dict) for r in arrived):
                     raise ValueError("a step's requests must be a list of objects")
                 self.header.setdefault("requests", []).extend(arrived)
-        if kind == "idle" and self.version == 3:
+        if kind == "requests" and self.version == 4:
+            pass  # its requests are added above
+        elif kind == "idle" and self.version >= 3:
             metrics = _metrics(self.metric_fields, obj.get("metrics"))
             if self.pending is not None or not rec.num_steps:
                 self.fail(number, "an idle run comes before the first step's keyframe")
             if step != rec.last_step + 1:
                 self.fail(number, f"step {step} does not follow step {rec.last_step}")
             rec.append_idle(obj.get("steps"), metrics)
-        elif kind == "delta":
+        elif kind == "delta" and self.version < 4:
             record = self._data(obj, state=rec.head_state if rec.num_steps else None)
-            metrics = _metrics(self.metric_fields, obj.get("metrics"))
-            if self.pending is not None:
-                self.fail(number, "the first step is not followed by its keyframe")
-            if rec.num_steps and step != rec.last_step + 1:
-                self.fail(number, f"step {step} does not follow step {rec.last_step}")
-            if rec.num_steps == 0:
-                self.pending = (step, record, metrics)
-            else:
-                rec.append_record(record, metrics)
-        elif kind == "keyframe":
+            self._delta(number, step, record, _metrics(self.metric_fields, obj.get("metrics")))
+        elif kind == "keyframe" and self.version < 4:
             self.inflate.restart()
-            state = StepState.from_keyframe(self._data(obj, KEYFRAME_FIELDS), rec.scalars["num_slots"], rec.scalars["num_blocks"])
-            if state.step != step:
-                self.fail(number, f"keyframe says step {step}, its record step {state.step}")
-            if self.pending is not None:
-                first, record, metrics = self.pending
-                if first != step:
-                    self.fail(number, f"the first step is {first}, its keyframe is for step {step}")
-                self.pending = None
-                rec.append_record(record, metrics, state=state)
-            elif not rec.num_steps or step != rec.last_step:
-                self.fail(number, f"keyframe for step {step} does not follow that step's delta")
-            elif not rec.holds(state):
-                self.fail(number, f"keyframe of step {step} disagrees with the deltas before it")
+            self._keyframe(number, step, self._data(obj, KEYFRAME_FIELDS))
         elif kind == "end":
             steps = obj.get("steps")
             if steps != rec.num_steps:
@@ -555,3 +694,30 @@ class _Loader:
             self.ended = True
         else:
             self.fail(number, f"unknown record type {kind!r}")
+
+    def _delta(self, number, step: int, record: bytes, metrics: StepMetrics) -> None:
+        rec = self.recording
+        if self.pending is not None:
+            self.fail(number, "the first step is not followed by its keyframe")
+        if rec.num_steps and step != rec.last_step + 1:
+            self.fail(number, f"step {step} does not follow step {rec.last_step}")
+        if rec.num_steps == 0:
+            self.pending = (step, record, metrics)
+        else:
+            rec.append_record(record, metrics)
+
+    def _keyframe(self, number, step: int, record: bytes) -> None:
+        rec = self.recording
+        state = StepState.from_keyframe(record, rec.scalars["num_slots"], rec.scalars["num_blocks"])
+        if state.step != step:
+            self.fail(number, f"keyframe says step {step}, its record step {state.step}")
+        if self.pending is not None:
+            first, pending, metrics = self.pending
+            if first != step:
+                self.fail(number, f"the first step is {first}, its keyframe is for step {step}")
+            self.pending = None
+            rec.append_record(pending, metrics, state=state)
+        elif not rec.num_steps or step != rec.last_step:
+            self.fail(number, f"keyframe for step {step} does not follow that step's delta")
+        elif not rec.holds(state):
+            self.fail(number, f"keyframe of step {step} disagrees with the deltas before it")

@@ -358,7 +358,7 @@ def sidebar() -> None:
     sb.number_input("Seed", min_value=seed.lo, max_value=seed.hi, step=1, key="seed")
     with sb.expander("Model and traces"):
         model_box()
-        st.file_uploader("Replay a trace (.trace, or .jsonl from before version 4)", type=["trace", "jsonl", "json"],
+        st.file_uploader("Replay a trace (.trace, or an older .jsonl)", type=["trace", "jsonl", "json"],
                          key="trace_upload",
                          max_upload_size=workshop.upload_cap_mb(),
                          help="A trace downloaded from a page or written by `python -m pagedkv_core simulate --trace-out`.")

@@ -98,7 +98,7 @@ def register(subparsers) -> None:
                    help="size the pool from a memory budget, e.g. 64MiB (instead of --pool-slots); "
                         + POOL_DEFAULT.replace("%", "%%"))
     p.add_argument("--trace-out", metavar="PATH",
-                   help="record the run as a pagedkv trace (every step, JSON lines) for replay and the app")
+                   help="record the run as a pagedkv trace (every step; a JSON header line, then binary frames) for replay and the app")
     p.add_argument("--json", action="store_true", help="print one JSON object: outputs and summary")
     add_kv_events_args(p)
     p.set_defaults(func=cmd_generate)

@@ -2,7 +2,7 @@
 
     python -m pagedkv_core observe --server http://127.0.0.1:8000 --duration 60 --json
     python -m pagedkv_core observe --kv-events tcp://127.0.0.1:5557 --replay tcp://127.0.0.1:5558 \
-        --trace-out observed.jsonl
+        --trace-out observed.trace
 
 ``--server`` finds the event endpoints in ``GET /kv_event_sources`` and scrapes ``/metrics``;
 ``--kv-events``/``--replay``/``--topic`` name one stream and override discovery. On a terminal

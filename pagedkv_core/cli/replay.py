@@ -1,8 +1,8 @@
 """``python -m pagedkv_core replay TRACE [--step N] [--json]``: one step of a trace.
 
-    python -m pagedkv_core simulate --workload trickle --trace-out run.jsonl
-    python -m pagedkv_core replay run.jsonl --step 40
-    python -m pagedkv_core replay run.jsonl --json | jq .slot_counts
+    python -m pagedkv_core simulate --workload trickle --trace-out run.trace
+    python -m pagedkv_core replay run.trace --step 40
+    python -m pagedkv_core replay run.trace --json | jq .slot_counts
 
 Rebuilds the snapshot of step N (default: the last) from a version-1 or version-2 trace and
 prints a short summary: the pool, how many slots are in each state, the queues, the key

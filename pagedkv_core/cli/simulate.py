@@ -1,7 +1,7 @@
 """``python -m pagedkv_core simulate``: a workload through the engine with instant, scripted tokens.
 
     python -m pagedkv_core simulate --workload explainer40 --allocator contiguous --json
-    python -m pagedkv_core simulate --workload-file requests.json --trace-out run.jsonl
+    python -m pagedkv_core simulate --workload-file requests.json --trace-out run.trace
     python -m pagedkv_core simulate --workload-file requests.csv --log-start 500 --log-count 200 \
         --allocator contiguous --contiguous-policy pow2 --json
     python -m pagedkv_core simulate --workload-file conversation_trace.jsonl --log-count 500 \
@@ -78,7 +78,7 @@ def register(subparsers) -> None:
     pool = setting_spec("pool_slots").default
     add_engine_args(p, default_notes={"pool_slots": f"default: the workload's pool size, else {pool}"})
     p.add_argument("--trace-out", metavar="PATH",
-                   help="record the run as a pagedkv trace (every step, JSON lines) for replay and the app")
+                   help="record the run as a pagedkv trace (every step; a JSON header line, then binary frames) for replay and the app")
     p.add_argument("--json", action="store_true", help="print one JSON object (the run summary)")
     add_kv_events_args(p)
     p.set_defaults(func=cmd_simulate)

@@ -25,6 +25,7 @@ from pagedkv_core.config import ConfigError, EngineConfig
 from pagedkv_core.engine import Engine, kept_request_id
 from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.record.trace_file import TraceError, TraceWriter, load_recording
+from pagedkv_core.record.trace_frames import join_frames, split_frames
 from pagedkv_core.workloads.scenarios import parse_workload, workload_from_bytes
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -212,42 +213,30 @@ def test_malformed_prompts_files_are_a_config_error(doc):
 
 
 # ---------------------------------------------------------------------------- traces
-@lru_cache(maxsize=1)
-def trace_lines() -> tuple[dict, ...]:
-    """A small real trace (a fork, a cache hit, a later arrival), as its decoded lines."""
+def small_trace(version: int) -> bytes:
+    """A small real trace (a fork, a cache hit, a later arrival), as written in ``version``."""
     with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "t.jsonl"
-        writer = TraceWriter(path, {"workload": "w"}, keyframe_every=2, version=3)  # text lines, edited below
+        path = Path(d) / "t.trace"
+        writer = TraceWriter(path, {"workload": "w"}, keyframe_every=2, version=version)
         engine = Engine(EngineConfig(pool_slots=64, block_size=4), ScriptedSource(), recording=writer)
         parse_workload(WORKLOAD, "w").submit(engine)
         writer.set_header(engine.trace_header())
         while engine.has_unfinished():
             engine.step(snapshot=False)
         writer.close()
-        return tuple(json.loads(line) for line in path.read_text().splitlines())
+        return path.read_bytes()
+
+
+@lru_cache(maxsize=1)
+def trace_lines() -> tuple[dict, ...]:
+    """The small trace in version 3 (text lines, edited below), as its decoded lines."""
+    return tuple(json.loads(line) for line in small_trace(3).decode("utf-8").splitlines())
 
 
 @lru_cache(maxsize=1)
 def trace_v4() -> tuple[bytes, tuple[tuple[bytes, bytes], ...]]:
     """The same run as a version-4 trace: (its header line, its frames as (kind, payload))."""
-    import struct
-
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "t.trace"
-        writer = TraceWriter(path, {"workload": "w"}, keyframe_every=2)
-        engine = Engine(EngineConfig(pool_slots=64, block_size=4), ScriptedSource(), recording=writer)
-        parse_workload(WORKLOAD, "w").submit(engine)
-        writer.set_header(engine.trace_header())
-        while engine.has_unfinished():
-            engine.step(snapshot=False)
-        writer.close()
-        data = path.read_bytes()
-    at = data.index(b"\n") + 1
-    head, frames = data[:at], []
-    while at < len(data):
-        kind, n = struct.unpack_from("<cI", data, at)
-        frames.append((kind, data[at + 5 : at + 5 + n]))
-        at += 5 + n
+    head, frames = split_frames(small_trace(4))
     return head, tuple(frames)
 
 
@@ -323,7 +312,7 @@ def test_malformed_v4_traces_are_a_trace_error(data):
         frames[i], frames[i + 1] = frames[i + 1], frames[i]
     elif how == "insert":
         frames.insert(i, (data.draw(st.sampled_from([b"D", b"K", b"J", b"X"])), data.draw(st.binary(max_size=40))))
-    raw = head + b"".join(struct.pack("<cI", k, len(p)) + p for k, p in frames)
+    raw = join_frames(head, frames)
     if how == "length":  # a frame's length field itself changed
         at = len(head) + sum(5 + len(p) for _, p in frames[:i]) + 1
         raw = raw[:at] + struct.pack("<I", data.draw(st.integers(0, (1 << 32) - 1))) + raw[at + 4:]

@@ -145,12 +145,12 @@ def test_a_bad_upload_shows_st_error_not_an_exception(tmp_path, key, name, data,
         data = b"\n".join(lines)
     elif data == "v4":  # a version-4 trace with a byte of its third frame's deflated piece flipped
         run = play_scripted(EngineConfig(allocator="paged", pool_slots=2048), build_workload("burst"), "paged")
-        data = bytearray(write_recording(tmp_path / "t.trace", run.recording, {}).read_bytes())
-        third = data.index(b"\n") + 1
-        for _ in range(2):
-            third += 5 + int.from_bytes(data[third + 1:third + 5], "little")
-        data[third + 5 + 8] ^= 0xFF
-        data = bytes(data)
+        from pagedkv_core.record.trace_frames import join_frames, split_frames
+
+        head, frames = split_frames(write_recording(tmp_path / "t.trace", run.recording, {}).read_bytes())
+        kind, payload = frames[2]
+        frames[2] = (kind, payload[:8] + bytes([payload[8] ^ 0xFF]) + payload[9:])
+        data = join_frames(head, frames)
     at = open_page("pages/reserve_or_page.py")
     uploader(at, key).set_value((name, data, "text/plain")).run()
     assert not at.exception, at.exception

@@ -23,6 +23,7 @@ from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.record.slot_state import SLOT_STATE_NAMES, SlotState
 from pagedkv_core.record.step_codec import KEYFRAME_FIELDS, STEP_FIELDS, pack, unpack
 from pagedkv_core.record.trace_file import TraceError, TraceWriter, load_recording, read_trace, write_recording, write_trace
+from pagedkv_core.record.trace_frames import join_frames, split_frames
 from pagedkv_core.workloads.scenarios import build_workload
 
 
@@ -440,7 +441,7 @@ def test_v4_is_v3_in_frames_smaller_and_a_cut_trace_loads_to_its_last_whole_fram
     assert v4.stat().st_size < 0.75 * v3.stat().st_size
     assert read_trace(v4) == read_trace(v3)
     data = v4.read_bytes()
-    head, frames = _frames(data)
+    head, frames = split_frames(data)
     cut = len(head)
     for kind, payload in frames:
         if kind == b"D" and int.from_bytes(payload[:8], "little") == 69:
@@ -485,29 +486,10 @@ def v4_bytes(snaps, header, tmp_path) -> bytes:
     return write_trace(tmp_path / "ok4.trace", snaps[:40], header).read_bytes()
 
 
-def _frames(data: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    """(header line, [(kind, payload)]) of version-4 bytes."""
-    import struct
-
-    at = data.index(b"\n") + 1
-    head, out = data[:at], []
-    while at < len(data):
-        kind, n = struct.unpack_from("<cI", data, at)
-        out.append((kind, data[at + 5 : at + 5 + n]))
-        at += 5 + n
-    return head, out
-
-
-def _join(head: bytes, frames) -> bytes:
-    import struct
-
-    return head + b"".join(struct.pack("<cI", k, len(p)) + p for k, p in frames)
-
-
 def _v4_edit(edit):
     def apply(data: bytes) -> bytes:
-        head, frames = _frames(data)
-        return _join(head, edit(frames))
+        head, frames = split_frames(data)
+        return join_frames(head, edit(frames))
     return apply
 
 

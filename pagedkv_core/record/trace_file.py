@@ -130,8 +130,8 @@ class TraceError(ValueError):
 class TraceWriter(Recorder):
     """Streams a run into a trace (version 4 unless ``version`` says 2 or 3). It is a recorder,
     so the engine can record into it directly (``Engine(config, source, recording=writer)``) and
-    nothing but the last step stays in memory. The header line is written with the first step (or at close), so
-    :meth:`set_header` may still add the requests after the engine is built."""
+    nothing but the last step stays in memory. The header line is written with the first step
+    (or at close), so :meth:`set_header` may still add the requests after the engine is built."""
 
     def __init__(self, path, header: dict | None = None, scalars: dict | None = None,
                  keyframe_every: int | None = None, level: int | None = None, version: int = TRACE_VERSION):
@@ -328,18 +328,23 @@ def read_trace(path) -> tuple[dict, list[StepSnapshot]]:
     return header, [recording.at(step) for step in recording.steps]
 
 
+def _open(path):
+    """``path`` opened for binary reading, a regular file under :data:`MAX_TRACE_BYTES` (never a
+    FIFO); TraceError (one line) otherwise."""
+    try:
+        return open_capped(path, MAX_TRACE_BYTES, "trace")
+    except ConfigError as exc:
+        raise TraceError(str(exc)) from None
+
+
 def trace_records(path) -> list[dict]:
     """The file's records as objects, in order, without decoding any step: the header, then each
     line (versions 1-3) or frame (version 4). A version-4 step or keyframe frame is
     ``{"type": "delta" or "keyframe", "step": S, "bytes": N}`` (N: its deflated piece); its JSON
     frames are the objects they hold. For looking into a file (tests, tools); :func:`load_recording`
     is what reads one. Raises TraceError."""
-    try:
-        opened = open_capped(path, MAX_TRACE_BYTES, "trace")
-    except ConfigError as exc:
-        raise TraceError(str(exc)) from None
     out = []
-    with opened as f:
+    with _open(path) as f:
         lines = _lines(Path(path), f)
         first = next(lines, None)
         if first is None:
@@ -366,22 +371,18 @@ def metric_rows(path):
     trace, in order, without decoding any record (version 4: only each piece's metrics), for a
     reader that needs only the metrics (``bench replay-speed``). ``steps``: how many steps the row
     stands for (an idle run's length, else 1). Raises TraceError."""
-    try:
-        opened = open_capped(path, MAX_TRACE_BYTES, "trace")
-    except ConfigError as exc:
-        raise TraceError(str(exc)) from None
-    with opened as f:
+    with _open(path) as f:
         lines = _lines(Path(path), f)
         first = next(lines, None)
-        header = _parse(Path(path), 1, first[1]) if first is not None else None
-        if not isinstance(header, dict) or header.get("version") not in (2, 3, 4):
+        header = _parse(Path(path), first[0], first[1]) if first is not None else None
+        if not isinstance(header, dict) or header.get("version") not in (2, 3, 4) or "metric_fields" not in header:
             raise TraceError(f"{path}: not a version 2-4 pagedkv trace")
         names = header["metric_fields"]
         if header["version"] < 4:
             for number, text, _ in lines:
                 obj = _parse(Path(path), number, text)
-                if obj.get("type") in ("delta", "idle"):
-                    yield names, obj.get("steps", 1), obj["metrics"]
+                if isinstance(obj, dict) and obj.get("type") in ("delta", "idle"):
+                    yield names, obj.get("steps", 1), obj.get("metrics")
             return
         inflate, codec = Inflater(), MetricsCodec(names, INT_METRICS)
         inflate.restart()
@@ -497,16 +498,12 @@ class _Loader:
         self.inflate = Inflater()  # versions 3 and 4: the records' stream
         self.metrics_codec = None  # version 4: the metrics in that stream
 
-    def fail(self, number: int, message: str):
+    def fail(self, number: int | str, message: str):
         raise TraceError(f"{self.path}:{number}: {message}") from None
 
     def load(self) -> tuple[dict, Recording]:
         try:
-            try:
-                opened = open_capped(self.path, MAX_TRACE_BYTES, "trace")  # a regular file under the cap, never a FIFO
-            except ConfigError as exc:
-                raise TraceError(str(exc)) from None
-            with opened as f:
+            with _open(self.path) as f:
                 lines = _lines(self.path, f)
                 first = next(lines, None)
                 if first is None:

@@ -60,6 +60,23 @@ def read_frames(f, max_payload: int):
         offset += FRAME_HEAD.size + length
 
 
+def split_frames(data: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """(header line, [(kind, payload), ...]) of a whole version-4 trace in memory (for tools and
+    tests that look into or edit a file; :func:`read_frames` is what the loader streams)."""
+    at = data.index(b"\n") + 1
+    head, out = data[:at], []
+    while at + FRAME_HEAD.size <= len(data):
+        kind, length = FRAME_HEAD.unpack_from(data, at)
+        out.append((kind, data[at + FRAME_HEAD.size : at + FRAME_HEAD.size + length]))
+        at += FRAME_HEAD.size + length
+    return head, out
+
+
+def join_frames(head: bytes, frames) -> bytes:
+    """The bytes of a header line and (kind, payload) frames: :func:`split_frames` reversed."""
+    return head + b"".join(frame(kind, payload) for kind, payload in frames)
+
+
 class MetricsCodec:
     """A step's metrics as binary, ``metric_fields`` order, 8 bytes each: an integer metric as its
     difference from the previous step's in the same stream (modulo 2**64; most are 0 or small, and

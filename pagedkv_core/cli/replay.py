@@ -4,7 +4,7 @@
     python -m pagedkv_core replay run.trace --step 40
     python -m pagedkv_core replay run.trace --json | jq .slot_counts
 
-Rebuilds the snapshot of step N (default: the last) from a version-1 or version-2 trace and
+Rebuilds the snapshot of step N (default: the last) from a trace of any version (1-4) and
 prints a short summary: the pool, how many slots are in each state, the queues, the key
 metrics and the step's events. ``--json`` prints one object instead, with ``step``,
 ``allocator``, ``num_slots``, ``num_steps``, ``slot_counts`` (one count per slot-state name)

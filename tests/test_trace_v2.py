@@ -1,5 +1,5 @@
-"""Trace format versions 3 (today's: a compact record stream, idle runs) and 2 (streamed
-keyframes and deltas), version-1 compatibility, one-line errors for every malformed input, and
+"""Trace format versions 4 (today's: version 3 in binary frames), 3 (a compact record stream, idle
+runs) and 2 (streamed keyframes and deltas), version-1 compatibility, one-line errors for every malformed input, and
 the ``replay`` command."""
 from __future__ import annotations
 
@@ -453,7 +453,7 @@ def test_v4_is_v3_in_frames_smaller_and_a_cut_trace_loads_to_its_last_whole_fram
         assert got_header["truncated"] is True and rec.num_steps == 69 and rec.last() == snaps[68]
 
 
-def test_v4_keeps_idle_runs_and_streamed_requests(tmp_path):
+def test_v4_keeps_idle_runs(tmp_path):
     rec = gapped_recording()
     path = write_recording(tmp_path / "idle.trace", rec, {"workload": "gaps"})
     idle = [(o["step"], o["steps"]) for o in lines_of(path) if o["type"] == "idle"]

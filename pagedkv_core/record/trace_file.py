@@ -390,8 +390,8 @@ def metric_rows(path):
             for number, _, kind, payload in read_frames(f, MAX_LINE_BYTES):
                 if kind == KIND_JSON:
                     obj = _parse(Path(path), f"frame {number}", payload.decode("utf-8"))
-                    if obj.get("type") == "idle":
-                        yield names, obj["steps"], obj["metrics"]
+                    if isinstance(obj, dict) and obj.get("type") == "idle":
+                        yield names, obj.get("steps"), obj.get("metrics")
                 elif kind == KIND_KEYFRAME:
                     inflate.restart()
                     codec.restart()

@@ -44,13 +44,36 @@ class SeqWork:
         return len(self.token_ids) > 1 or self.start_pos == 0
 
 
+@dataclass(slots=True)
+class DecodeLane:
+    """A step's *plain decodes* as columns: each sequence writes the K/V of its last token at
+    ``slots[i]``, a slot it already holds alone (see ``Allocator.decode_slot``), and samples one
+    token. The scheduler collects them in one pass and writes them in one call; a token source
+    that reads the lane (``reads_lane``) gets them here instead of one :class:`SeqWork` each,
+    and answers them in ``execute``'s dict like the rest."""
+
+    seq_ids: list[int] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    sample_indices: list[int] = field(default_factory=list)
+    num_output_tokens: list[int] = field(default_factory=list)  # each one's next token is at this output index
+    slots: list[int] = field(default_factory=list)
+    written: list[int] = field(default_factory=list)  # the token whose K/V goes to slots[i] (its last)
+    at: list[int] = field(default_factory=list)  # each one's place among the step's sequences (for order)
+    seqs: list = field(default_factory=list)  # the scheduler's Sequence objects (sources read the columns)
+
+    def __len__(self) -> int:
+        return len(self.seq_ids)
+
+
 @dataclass
 class ScheduledBatch:
     """Everything a token source must do for one engine step, in this order:
     1. ``swap_out``: copy (device block -> host block) for sequences preempted by swap;
     2. ``swap_in``: copy (host block -> device block) for sequences resumed from the host pool;
     3. ``copies``: copy-on-write (src block -> dst block) within the device pool;
-    4. the forward over ``seqs``: write K/V at ``slots``, attend through ``block_table``.
+    4. the forward over ``seqs``: write K/V at ``slots``, attend through ``block_table``;
+       and over ``lane``, when the source reads one: plain decodes, as columns (``seqs`` then
+       holds the other sequences only).
     Block ids in all four are in units of ``block_size`` slots.
     """
 
@@ -60,10 +83,15 @@ class ScheduledBatch:
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
+    lane: DecodeLane | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs) + (len(self.lane) if self.lane is not None else 0)
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.seqs)
+        return sum(len(s.token_ids) for s in self.seqs) + (len(self.lane) if self.lane is not None else 0)
 
 
 class TokenSource(Protocol):
@@ -72,6 +100,8 @@ class TokenSource(Protocol):
     eos_token_id: int | None  # the scheduler finishes a sequence on it (None: never)
     max_model_len: int  # longest sequence (prompt + output) the source can handle
     vocab_size: int  # prompt token ids must be below it (the engine rejects a request that has one)
+    # Optional: ``reads_lane = True`` asks for plain decodes as ``batch.lane`` (columns) rather than
+    # one SeqWork each in ``batch.seqs``; a source without it sees every sequence in ``batch.seqs``.
 
     def bind(self, num_slots: int, num_host_slots: int) -> None:
         """Allocate (or re-allocate) KV storage: ``num_slots`` device slots and
@@ -81,4 +111,5 @@ class TokenSource(Protocol):
     def execute(self, batch: ScheduledBatch) -> dict[int, list[int]]:
         """Run one step. Returns seq_id -> new token ids for every SeqWork with
         num_samples > 0 (a list of length num_samples; one per sample, sample i's token
-        first-drawn for sample_index i). Sequences with num_samples == 0 are absent."""
+        first-drawn for sample_index i), and for every sequence of ``batch.lane`` (one token).
+        Sequences with num_samples == 0 are absent."""

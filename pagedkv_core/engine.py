@@ -49,6 +49,9 @@ from .record.pool_view import PoolView
 from .record.snapshot import StepSnapshot, seq_arrays, take_snapshot
 
 
+_INDEX = operator.attrgetter("index")  # requests in submission order
+
+
 def _is_utf8(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -82,7 +85,8 @@ class Engine:
         self._changes = ChangeLog() if viewed else None
         self.allocator = build_allocator(config, self.max_model_len, self._changes, kv_event_sink=kv_event_sink)
         self.view = PoolView.of(self.allocator) if viewed else None  # the arrays snapshots and recordings read
-        self.scheduler = Scheduler(config, self.allocator, source.eos_token_id, self.max_model_len)
+        self.scheduler = Scheduler(config, self.allocator, source.eos_token_id, self.max_model_len,
+                                   lane_source=bool(getattr(source, "reads_lane", False)))
         self.vocab_size = int(source.vocab_size)  # prompt ids at or past it are rejected
         self.recording = recording
         if recording is not None:
@@ -101,7 +105,7 @@ class Engine:
         self.num_rejected = 0
         self._rejected: list[dict] = []
         self._doomed: dict[str, str] = {}  # request id -> why it will be rejected on arrival
-        self.last_seqs: dict | None = None  # the last step's seq_arrays (the live sequences after it; no tables without a view)
+        self.last_seqs: dict | None = None  # the last step's seq_arrays (the live sequences after it; tables with a snapshot only)
         source.bind(self.allocator.num_slots, self.allocator.num_host_slots)
 
     # ------------------------------------------------------------------ requests
@@ -231,6 +235,7 @@ class Engine:
             self._rejected.append({"id": request.request_id, "reason": reason})
             self._arrivals.append(Event(REJECT, -1, request.request_id, {"reason": reason}))
             self.scheduler.touched.add(request)
+            self.scheduler.ended.add(request)
             return
         n = request.sampling.n
         if n > 1 and not self.allocator.capabilities.fork:
@@ -250,6 +255,7 @@ class Engine:
         step = self.step_index
         sched = self.scheduler
         sched.touched.clear()
+        sched.ended.clear()
         sched.sampled.clear()
         if step == 0 and self.config.eviction == "belady":
             plan_eviction(self.allocator, self.requests.values())  # the future: every request held now
@@ -261,19 +267,19 @@ class Engine:
         batch = plan.batch
         execute_s = 0.0
         results: dict[int, list[int]] = {}
-        if batch.seqs or batch.swap_out or batch.swap_in or batch.copies:
+        if batch.num_seqs or batch.swap_out or batch.swap_in or batch.copies:
             t0 = time.perf_counter()
             results = self.source.execute(batch)
             execute_s = time.perf_counter() - t0
         counts, after = sched.complete(plan, results)
-        if not batch.seqs and not sched.touched and sched.has_work() and not self._pending:
+        if not batch.num_seqs and not sched.touched and sched.has_work() and not self._pending:
             raise RuntimeError(f"engine made no progress at step {step}: {sched.waiting[:3]} {sched.swapped[:3]}")
         outputs = self._outputs(outputs)
         alloc = self.allocator
         head_need = alloc.admission_slots(sched.waiting[0]) if alloc.capabilities.fragmentation and sched.waiting else 0
         if alloc.capabilities.fragmentation:
             alloc.update_fragmentation(head_need)
-        seqs = self.last_seqs = seq_arrays(alloc, sched, tables=self.view is not None)  # no view: nothing draws tables
+        seqs = self.last_seqs = seq_arrays(alloc, sched, tables=snapshot)  # a recording gets the changed tables alone
         events = (*self._arrivals, *plan.events, *after)
         skipped = self._idle_ahead(step, batch, events)
         metrics = self._metrics(counts, execute_s, seqs["seq_num_blocks"], head_need, skipped)
@@ -282,9 +288,10 @@ class Engine:
         snap = None
         if self.view is not None:
             self.view.fold(self._changes.take())
-            changes = self.view.take_changes()
             if self.recording is not None:
-                self.recording.record(step, changes, seqs, events, metrics)
+                self._record(step, seqs, events, metrics)
+            else:
+                self.view.take_changes()
             if snapshot:
                 snap = take_snapshot(step, self.view, seqs, events, metrics)
         if skipped:
@@ -297,7 +304,7 @@ class Engine:
     def _idle_ahead(self, step: int, batch, events) -> int:
         """With ``skip_idle``: the steps after an idle ``step`` (it did nothing and nothing is
         left to do) until the next arrival; 0 otherwise."""
-        if not self.skip_idle or batch.seqs or events or self.scheduler.touched or self.scheduler.has_work():
+        if not self.skip_idle or batch.num_seqs or events or self.scheduler.touched or self.scheduler.has_work():
             return 0
         if batch.swap_out or batch.swap_in or batch.copies:
             return 0
@@ -313,7 +320,25 @@ class Engine:
         if self.recording is not None:
             for j in range(1, skipped + 1):
                 self.view.fold(self._changes.take())
-                self.recording.record(step + j, self.view.take_changes(), seqs, (), same)
+                self._record(step + j, seqs, (), same)
+
+    def _record(self, step: int, seqs: dict, events, metrics: StepMetrics) -> None:
+        """Hand the step to the recording: what the pool view's folds touched, and with ``seqs``
+        that hold no tables (a step without a snapshot) the tables that changed, whole."""
+        changes = self.view.take_changes()
+        if "seq_tables" not in seqs:
+            changes = changes._replace(tables=self._tables_of(changes.tables))
+        self.recording.record(step, changes, seqs, events, metrics)
+
+    def _tables_of(self, seq_ids) -> dict:
+        """seq id -> block table now (empty for a sequence that holds none, or is forgotten)."""
+        known = self.scheduler.seqs
+        seqs = [known[sid] for sid in seq_ids if sid in known]
+        _, _, tables = self.allocator.seq_layout(seqs)
+        out = dict.fromkeys(seq_ids, ())
+        if tables is not None:
+            out.update(zip((s.seq_id for s in seqs), tables))
+        return out
 
     def reset_prefix_cache(self) -> bool:
         """Empty the prefix cache, as vLLM's ``/reset_prefix_cache``: only while no request
@@ -345,15 +370,15 @@ class Engine:
     def _outputs(self, build: bool = True) -> list[RequestOutput]:
         """The touched requests' outputs, in submission order (``build=False``: none, the
         finished are only counted and released)."""
-        touched = sorted(self.scheduler.touched, key=lambda r: r.index)
-        if not build:  # the same releases, in the same order
-            for request in touched:
+        if not build:  # the same releases, in the same order: only requests that ended can finish
+            for request in sorted(self.scheduler.ended, key=_INDEX):
                 finished = request.reject_reason is None and request.finished
                 if finished:
                     self.num_finished += 1
                 if (finished or request.reject_reason is not None) and self._release_finished:
                     self._release(request)
             return []
+        touched = sorted(self.scheduler.touched, key=_INDEX)
         sampled = self.scheduler.sampled
         outputs = []
         for request in touched:

@@ -19,6 +19,11 @@ token budget (``max_batch_tokens``) limits decodes and chunks prefills. After th
 source ran, :meth:`Scheduler.complete` marks K/V written, appends sampled tokens (forking
 ``n`` samples), checks stop conditions and frees finished sequences.
 
+Plain decodes (a running sequence's one new token written into a block it holds alone, without
+filling it: ``Allocator.decode_slot``) go in the step's :class:`~.batch.DecodeLane`: nothing to
+grow, no SeqWork unless the token source wants one, and one ``write_decodes`` call for all of
+them. They keep their place in the step's order (the batch's, and the finish events').
+
 Values, not shared state: :meth:`Scheduler.schedule` returns a :class:`StepPlan` (the batch,
 the per-sequence work, the step's counts and its events so far) and :meth:`Scheduler.complete`
 takes that plan and returns the rest of the step's events. The allocator returns its events
@@ -33,24 +38,27 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .kv.protocol import Allocator
-from .batch import ScheduledBatch, SeqWork
+from .batch import DecodeLane, ScheduledBatch, SeqWork
 from .config import EngineConfig
 from .events import ADMIT, FINISH, PREEMPT_RECOMPUTE, PREEMPT_SWAP, SWAP_IN, Event
 from .metrics import StepCounts
 from .sequence import FINISH_LENGTH, FINISH_STOP, Request, Sequence, SequenceStatus
 
 _ORDER = lambda s: s.order  # noqa: E731  (FCFS key: request index, sample index)
+_PLACE = lambda pair: pair[0]  # noqa: E731  (finished sequences: their place in the step)
 
 
 @dataclass(slots=True)
 class Work:
     """One sequence's share of a step: ``count`` tokens from position ``start``; ``num_samples``
-    tokens to sample at its end (0: a prefill chunk that samples nothing)."""
+    tokens to sample at its end (0: a prefill chunk that samples nothing); ``at``: its place
+    among the step's sequences."""
 
     seq: Sequence
     start: int
     count: int
     num_samples: int
+    at: int
 
 
 @dataclass
@@ -61,8 +69,10 @@ class StepPlan:
     batch: ScheduledBatch
     counts: StepCounts = field(default_factory=StepCounts)
     events: list[Event] = field(default_factory=list)  # chronological, allocator's and scheduler's
-    chosen: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, tokens this step), in batch order
-    work: list[Work] = field(default_factory=list)  # the batch's sequences, once built
+    # (seq, tokens this step, the slot of a plain decode or -1), in the order the step takes them
+    chosen: list[tuple[Sequence, int, int]] = field(default_factory=list)
+    work: list[Work] = field(default_factory=list)  # the step's sequences but the lane's, once built
+    lane: DecodeLane = field(default_factory=DecodeLane)  # its plain decodes, once built
     budget: int = 1 << 62  # tokens left this step
 
 
@@ -77,8 +87,12 @@ class Scheduler:
     """``schedule(step)`` plans a step; ``complete(plan, new_tokens)`` applies it and returns what
     the step did as :class:`Completion` (``totals`` sums the counts over the run)."""
 
-    def __init__(self, config: EngineConfig, allocator: Allocator, eos_token_id: int | None, max_model_len: int):
+    def __init__(self, config: EngineConfig, allocator: Allocator, eos_token_id: int | None, max_model_len: int,
+                 lane_source: bool = False):
+        """``lane_source``: the token source reads plain decodes as ``batch.lane`` (else each is
+        also a SeqWork in ``batch.seqs``)."""
         self.config = config
+        self.lane_source = lane_source
         self.allocator = allocator
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
@@ -92,6 +106,7 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self.seqs: dict[int, Sequence] = {}  # every sequence ever made, by id
         self.touched: set[Request] = set()  # requests that changed this step
+        self.ended: set[Request] = set()  # of them, those a sequence of which finished this step
         self.sampled: set[int] = set()  # seq ids that got a token this step
 
     # ------------------------------------------------------------------ queues
@@ -128,11 +143,19 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         """1. Running sequences: room for this step's tokens, preempting the youngest."""
-        running, chosen, try_append = self.running, plan.chosen, self.allocator.try_append
+        running, chosen = self.running, plan.chosen
+        try_append, decode_slot = self.allocator.try_append, self.allocator.decode_slot
         budget = plan.budget
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
+            if len(seq.token_ids) > seq.num_prompt_tokens:  # decoding: a plain decode needs nothing more
+                slot = decode_slot(seq)
+                if slot >= 0:
+                    chosen.append((seq, 1, slot))
+                    budget -= 1
+                    i += 1
+                    continue
             count = len(seq.token_ids) - seq.num_computed
             if count > budget:
                 count = budget
@@ -140,7 +163,7 @@ class Scheduler:
             if growth is None or growth.copies or growth.events:  # short of blocks, or growth to note
                 if not self._make_room(seq, count, plan, growth):
                     continue  # seq itself left the running list
-            chosen.append((seq, count))
+            chosen.append((seq, count, -1))
             budget -= count
             i += 1
         plan.budget = budget
@@ -213,16 +236,22 @@ class Scheduler:
     @staticmethod
     def _choose(seq: Sequence, plan: StepPlan) -> None:
         count = min(seq.num_tokens - seq.num_computed, plan.budget)
-        plan.chosen.append((seq, count))
+        plan.chosen.append((seq, count, -1))
         plan.budget -= count
 
     def _build_batch(self, plan: StepPlan) -> None:
-        """4. The batch: what the token source computes for each chosen sequence."""
+        """4. The batch: what the token source computes for each chosen sequence (plain
+        decodes: the lane, and a SeqWork too unless the source reads the lane)."""
         alloc, counts = self.allocator, plan.counts
         prefill = decode = 0
         add_seq, add_work = plan.batch.seqs.append, plan.work.append
         slots_for, block_table = alloc.slots_for, alloc.table_view
-        for seq, count in plan.chosen:
+        works = not self.lane_source
+        lane_at = []
+        for at, (seq, count, slot) in enumerate(plan.chosen):
+            if slot >= 0 and not works:  # a plain decode, for the lane alone
+                lane_at.append(at)
+                continue
             start = seq.num_computed
             end = start + count
             tokens = seq.token_ids
@@ -237,7 +266,7 @@ class Scheduler:
                     seq.sample_index,
                     tokens[start:end],
                     start,
-                    slots_for(seq, start, count),
+                    [slot] if slot >= 0 else slots_for(seq, start, count),
                     block_table(seq, end),
                     num_samples,
                     request.sampling,
@@ -245,21 +274,46 @@ class Scheduler:
                     request.output_len,
                 )
             )
-            add_work(Work(seq, start, count, num_samples))
+            if slot >= 0:  # a plain decode, in the lane as well
+                lane_at.append(at)
+                continue
+            add_work(Work(seq, start, count, num_samples, at))
             if count == 1 and num_out > 0 and end == num_tokens:
                 decode += 1
             else:
                 prefill += count
+        if lane_at:
+            plan.lane = self._lane(plan.chosen, lane_at)
+            decode += len(lane_at)
+        if not works:
+            plan.batch.lane = plan.lane
         counts.prefill_tokens = prefill
         counts.decode_tokens = decode
         counts.tokens = prefill + decode
+
+    @staticmethod
+    def _lane(chosen: list, lane_at: list[int]) -> DecodeLane:
+        """The plain decodes among ``chosen`` (at the places ``lane_at``), as columns."""
+        picks = [chosen[at] for at in lane_at]
+        seqs = [seq for seq, _, _ in picks]
+        num_out = [len(s.token_ids) - s.num_prompt_tokens for s in seqs]
+        return DecodeLane(
+            seq_ids=[s.seq_id for s in seqs],
+            request_ids=[s.request.request_id for s in seqs],
+            sample_indices=[s.sample_index for s in seqs],
+            num_output_tokens=num_out,
+            slots=[slot for _, _, slot in picks],
+            written=[s.token_ids[-1] for s in seqs],
+            at=lane_at,
+            seqs=seqs,
+        )
 
     def complete(self, plan: StepPlan, new_tokens: dict[int, list[int]]) -> Completion:
         """Apply a step's results (requests that changed go to ``touched``); returns the step's
         counts and the events after the forward (forks, finishes)."""
         alloc = self.allocator
         events: list[Event] = []
-        finished: list[Sequence] = []
+        finished: list[tuple[int, Sequence]] = []  # (place in the step, seq)
         generated = 0
         mark_written, get = alloc.mark_written, new_tokens.get
         touched, sampled, stop_reason = self.touched.add, self.sampled.add, self._stop_reason
@@ -282,7 +336,7 @@ class Scheduler:
                 generated += 1
                 reason = stop_reason(seq, token)
                 if reason is not None:
-                    finished.append(seq)
+                    finished.append((w.at, seq))
                     seq.finish_reason = reason
                 continue
             samples = [seq] + self._fork(seq, w.num_samples, events)
@@ -292,9 +346,27 @@ class Scheduler:
                 generated += 1
                 reason = self._stop_reason(sample, int(token))
                 if reason is not None:
-                    finished.append(sample)
+                    finished.append((w.at, sample))
                     sample.finish_reason = reason
-        for seq in finished:
+        lane = plan.lane
+        if lane.seqs:
+            alloc.write_decodes(lane.slots, lane.written)
+            for at, seq in zip(lane.at, lane.seqs):
+                tokens = get(seq.seq_id)
+                if tokens is None or len(tokens) != 1:
+                    raise RuntimeError(f"token source returned {tokens!r} for sequence {seq.seq_id}; expected 1 token(s)")
+                token = int(tokens[0])
+                seq.num_computed += 1
+                seq.token_ids.append(token)
+                touched(seq.request)
+                sampled(seq.seq_id)
+                reason = stop_reason(seq, token)
+                if reason is not None:
+                    finished.append((at, seq))
+                    seq.finish_reason = reason
+            generated += len(lane.seqs)
+            finished.sort(key=_PLACE)
+        for _, seq in finished:
             self.running.remove(seq)
             events.append(self._finish(seq, seq.finish_reason, None))
         counts = plan.counts
@@ -338,6 +410,7 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: str, why: str | None) -> Event:
         self.touched.add(seq.request)
+        self.ended.add(seq.request)
         self.allocator.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -44,7 +44,7 @@ def test_check_against_catches_a_view_that_drifted():
         engine.check_invariants()
 
 
-def test_a_decode_step_logs_one_entry_and_one_slot_per_sequence():
+def test_a_decode_step_logs_one_entry_for_all_its_plain_decodes_one_slot_each():
     engine = make_engine(pool_slots=1024, block_size=16)
     for i in range(4):
         add(engine, f"r{i}", range(3), output_len=10)
@@ -59,7 +59,10 @@ def test_a_decode_step_logs_one_entry_and_one_slot_per_sequence():
     engine.view.fold = spy
     engine.step()  # a decode each: position 3 of a 16-slot block, no new block
     entries = entries_seen[-1]
-    assert [e[0] for e in entries] == [log.FILLED] * 4 and all(len(e[3]) == 1 for e in entries)
+    assert [e[0] for e in entries] == [log.DECODED]
+    (_, slots, tokens), = entries
+    tables = [engine.allocator.tables[s.seq_id] for s in engine.scheduler.running]
+    assert slots == [t[0] * 16 + 3 for t in tables] and len(tokens) == 4
 
 
 def test_a_decode_records_one_slot_per_sequence():

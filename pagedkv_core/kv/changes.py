@@ -8,9 +8,9 @@ tokens*, *block b cached under hash h*, *run [a, a + n) reserved by request o*, 
 per-block arrays that snapshots, recordings and heatmaps read, and names the ranges it touched.
 
 Each entry is a tuple whose first item is its kind (the constants below). Logging is O(1) per
-entry (plus the tokens written, which the step computes anyway), so a decode step logs one
-entry per sequence. :class:`NoChangeLog` is what an allocator gets when nothing records or
-snapshots the run: every call is a no-op and nothing is kept.
+entry (plus the tokens written, which the step computes anyway); a step's plain decodes
+(:meth:`ChangeLog.decoded`) are one entry for all of them. :class:`NoChangeLog` is what an
+allocator gets when nothing records or snapshots the run: every call is a no-op and nothing is kept.
 """
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ WRITTEN = 9  # (WRITTEN, slot, tokens): K/V of ``tokens`` written from ``slot`` 
 FREED = 10  # (FREED, start, length): a reservation given back
 FRAGMENT = 11  # (FRAGMENT, start, length): a free run too small for the next reservation
 UNFRAGMENT = 12  # (UNFRAGMENT, start, length): no longer that hole: what is free in it is plain free
+# Both layouts: a step's plain decodes at once.
+DECODED = 13  # (DECODED, slots, tokens): K/V of tokens[i] written at slots[i], each the next slot of its
+#               sequence's own block (paged: held by it alone, not filled up by it) or reservation
 
 
 class ChangeLog:
@@ -69,6 +72,9 @@ class ChangeLog:
     def table(self, seq_id: int) -> None:
         self.entries.append((TABLE, seq_id))
 
+    def decoded(self, slots: list[int], tokens: list[int]) -> None:
+        self.entries.append((DECODED, slots, tokens))
+
     # contiguous -------------------------------------------------------------------------
     def reserved(self, start: int, length: int, owner: int) -> None:
         self.entries.append((RESERVED, start, length, owner))
@@ -99,4 +105,4 @@ class NoChangeLog:
         pass
 
     taken = held = released = filled = copied = cached = uncached = table = _nothing
-    reserved = written = freed = fragment = unfragment = _nothing
+    reserved = written = freed = fragment = unfragment = decoded = _nothing

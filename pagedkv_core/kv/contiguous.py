@@ -164,6 +164,20 @@ class ContiguousAllocator:
             self.changes.written(base, seq.token_ids[start : start + count])
         self.filled_slots += count
 
+    def decode_slot(self, seq: Sequence) -> int:
+        """A decode is always plain here: its slot is in the sequence's reservation."""
+        start = seq.num_computed
+        if len(seq.token_ids) - start != 1:
+            return -1
+        return self.reservations[seq.seq_id][0] + start
+
+    def write_decodes(self, slots: list[int], tokens: list[int]) -> None:
+        if not slots:
+            return
+        self.filled_slots += len(slots)
+        if self.changes.active:
+            self.changes.decoded(slots, tokens)
+
     def free(self, seq: Sequence) -> None:
         r = self.reservations.pop(seq.seq_id, None)
         if r is None:

@@ -237,6 +237,33 @@ class BlockManager:
             events.append(Event(APPEND, seq.seq_id, rid, {"blocks": fresh}))
         return Growth(copies, events)
 
+    def decode_slot(self, seq: Sequence) -> int:
+        """The slot of ``seq``'s next token when it is a plain decode (see the protocol), else -1:
+        the token's block is held, by ``seq`` alone, and the token does not fill it up."""
+        start = seq.num_computed
+        if len(seq.token_ids) - start != 1:
+            return -1
+        table, bs = self.tables[seq.seq_id], self.block_size
+        j, off = divmod(start, bs)
+        if j >= len(table) or off + 1 == bs:
+            return -1
+        b = table[j]
+        if self.pool.blocks[b].ref_count != 1 or self.fill[b] != off:
+            return -1
+        return b * bs + off
+
+    def write_decodes(self, slots: list[int], tokens: list[int]) -> None:
+        """Plain decodes at ``slots`` (from :meth:`decode_slot`): each block's fill moves on by
+        one; the change log gets one entry for all of them."""
+        if not slots:
+            return
+        fill, bs = self.fill, self.block_size
+        for slot in slots:
+            fill[slot // bs] += 1
+        self.filled_slots += len(slots)
+        if self.changes.active:
+            self.changes.decoded(slots, tokens)
+
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:
         """Record that the K/V of positions [start, start + count) is now in the pool, and
         index blocks that became full in the prefix cache. One pass per block touched (a

@@ -110,6 +110,16 @@ class Allocator(Protocol):
     def mark_written(self, seq: Sequence, start: int, count: int) -> None: ...
     def free(self, seq: Sequence) -> None: ...
 
+    # plain decodes, in bulk -------------------------------------------------------------
+    def decode_slot(self, seq: Sequence) -> int:
+        """The slot a running sequence's next token goes to when writing it is a *plain decode*:
+        its one uncomputed token fits in what it already holds, alone there (no growth, no copy
+        on write, no block completed); -1 otherwise (then ``try_append``/``mark_written``)."""
+
+    def write_decodes(self, slots: list[int], tokens: list[int]) -> None:
+        """The K/V of ``tokens[i]`` written at ``slots[i]``, each a slot ``decode_slot`` gave for
+        this step: what ``mark_written(seq, pos, 1)`` does for each, in one call."""
+
     # preemption hooks and capabilities (only called when the flag says so) -------------
     def fork(self, parent: Sequence, child: Sequence) -> list[Event]: ...
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None: ...

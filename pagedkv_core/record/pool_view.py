@@ -11,8 +11,8 @@ Allocators only allocate: what they change they tell a change log
 
 :meth:`PoolView.fold` applies one step's entries; :meth:`PoolView.take_changes` then names the
 :class:`Changes` they made (the slot and block ranges touched, the tables that changed): what a
-recording stores. The cost
-follows the entries: a decode writes one slot, O(1); a block taken or let go, O(block size).
+recording stores. The cost follows the entries: a step's plain decodes are one entry, folded by
+numpy at once; a block taken or let go, O(block size).
 The engine owns the view (``Engine.view``) and folds after every step; with nothing recording or
 snapshotting it keeps none, and allocators log nothing.
 
@@ -46,6 +46,14 @@ ALL_FIELDS = frozenset({"state", "owner", "token", "ref", "fill", "hash", "parti
 OBSERVED_FIELDS = frozenset({"state", "token", "hash"})  # a vLLM server's KV events: full cached blocks only
 SLOT_FIELDS = ("slot_state", "slot_owner", "slot_token")
 BLOCK_FIELDS = ("block_state", "block_ref", "block_fill", "block_hash")
+
+
+def _spans(at: np.ndarray) -> list[int]:
+    """The one-element ranges ``[a, a + 1)`` of each of ``at``, flat (as :class:`Changes` holds them)."""
+    out = np.empty(2 * len(at), dtype=np.int64)
+    out[0::2] = at
+    out[1::2] = at + 1
+    return out.tolist()
 
 
 class Changes(NamedTuple):
@@ -85,6 +93,7 @@ class PoolView:
             log.COPIED: self._copied, log.CACHED: self._cached, log.UNCACHED: self._uncached,
             log.TABLE: self._table, log.RESERVED: self._reserved, log.WRITTEN: self._written,
             log.FREED: self._freed, log.FRAGMENT: self._fragment, log.UNFRAGMENT: self._unfragment,
+            log.DECODED: self._decoded,
         }
 
     @classmethod
@@ -219,6 +228,19 @@ class PoolView:
         if b not in self._holders:
             self._clear_tokens(b)
         self._refresh(b)
+
+    def _decoded(self, slots: list[int], tokens: list[int]) -> None:
+        """A step's plain decodes: one slot each, the next of a block its sequence holds alone
+        (paged) or of its reservation (contiguous). One pass of numpy for all of them."""
+        at = np.array(slots, dtype=np.int64)
+        self.slot_token[at] = tokens
+        self.slot_state[at] = _FILLED
+        self._slots += _spans(at)
+        if self.num_blocks:
+            blocks = at // self.block_size
+            self.block_state[blocks] = _FILLED
+            self.block_fill[blocks] = at - blocks * self.block_size + 1
+            self._blocks += _spans(blocks)
 
     # contiguous entries ----------------------------------------------------------------------
     def _reserved(self, start: int, length: int, owner: int) -> None:

@@ -41,6 +41,7 @@ How a run gets in:
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from itertools import chain
 
@@ -102,6 +103,7 @@ class StepDelta:
     events: tuple[Event, ...] = ()
     metrics: StepMetrics = field(default_factory=StepMetrics)
     table_ids: np.ndarray | None = None  # seq ids whose block table may have changed (None: unknown, compare all)
+    table_source: Mapping | None = None  # with ``seqs`` that hold no tables: seq id -> table, of every table that changed
 
 
 def range_indices(spans) -> np.ndarray:
@@ -129,11 +131,12 @@ def range_indices(spans) -> np.ndarray:
 
 
 def delta_from_ranges(step: int, allocator_arrays: dict, slot_ranges, block_ranges, small: dict,
-                      table_ids=None) -> StepDelta:
+                      table_ids=None, table_source: Mapping | None = None) -> StepDelta:
     """A StepDelta from a pool view's dirty ranges: the values of ``allocator_arrays`` (its
     live slot_* and block_* arrays) at those ranges, and ``small`` = the snapshot's per-sequence
     arrays and tables, ``waiting``/``running``/``swapped``, ``events`` and ``metrics``.
-    ``table_ids``: the seq ids whose block tables changed, when the allocator knows them."""
+    ``table_ids``: the seq ids whose block tables changed, when the allocator knows them.
+    ``table_source``: when ``small`` holds no tables, those tables themselves (seq id -> table)."""
     slot_idx = range_indices(slot_ranges)
     block_idx = range_indices(block_ranges)
     values = {name: allocator_arrays[name][slot_idx] for name in SLOT_ARRAYS}
@@ -143,13 +146,14 @@ def delta_from_ranges(step: int, allocator_arrays: dict, slot_ranges, block_rang
         slot_idx=slot_idx,
         block_idx=block_idx,
         **values,
-        seqs={name: small[name] for name in SEQ_STATE_ARRAYS},
+        seqs={name: small[name] for name in SEQ_STATE_ARRAYS if name in small},
         waiting=tuple(small["waiting"]),
         running=tuple(small["running"]),
         swapped=tuple(small["swapped"]),
         events=tuple(small.get("events", ())),
         metrics=small.get("metrics", StepMetrics()),
         table_ids=None if table_ids is None else np.fromiter(table_ids, dtype=np.int64, count=len(table_ids)),
+        table_source=table_source,
     )
 
 
@@ -250,10 +254,17 @@ class Recorder:
     def record(self, step: int, changes, seqs: dict, events, metrics: StepMetrics) -> None:
         """The engine's per-step call: ``changes`` = its pool view's ``take_changes()``
         (slot ranges, block ranges and, if it has them, the seq ids whose tables changed);
-        gathers the live arrays there."""
+        gathers the live arrays there. ``seqs`` without the block tables (``seq_arrays(...,
+        tables=False)``) needs ``changes.tables`` as a mapping of seq id -> table of every
+        table that changed: then the step costs what changed, not every table."""
         small = {**seqs, "events": events, "metrics": metrics}
         tables = changes[2] if len(changes) > 2 else None
-        self.append_delta(delta_from_ranges(step, self._live, changes[0], changes[1], small, tables))
+        source = None
+        if "seq_tables" not in seqs:  # the engine's recording-only step: the changed tables come whole
+            if not isinstance(tables, Mapping):
+                raise ValueError("seqs without block tables need changes.tables as seq id -> table")
+            source = tables
+        self.append_delta(delta_from_ranges(step, self._live, changes[0], changes[1], small, tables, source))
 
     def append_delta(self, delta: StepDelta) -> None:
         self._require_started()

@@ -319,15 +319,21 @@ class StepState:
         rec: dict[str, np.ndarray] = {}
         self._encode_entries(rec, "slot_idx", SLOT_ARRAYS, delta, before)
         self._encode_entries(rec, "block_idx", BLOCK_ARRAYS, delta, before)
-        new = {name: np.asarray(delta.seqs[name], dtype=dt) for name, dt in SEQ_STATE_ARRAYS.items()}
-        ids, prev_ids = new["seq_id"], self.seqs["seq_id"]
+        changed_tables = getattr(delta, "table_source", None)
+        names = SEQ_ARRAYS if changed_tables is not None else SEQ_STATE_ARRAYS
+        new = {name: np.asarray(delta.seqs[name], dtype=dt) for name, dt in names.items()}
+        ids, prev_ids = new["seq_id"], self.seq_id
         same = len(ids) == len(prev_ids) and np.array_equal(ids, prev_ids)  # the usual case
         if not same and len(np.unique(ids)) != len(ids):
             raise ValueError(f"step {delta.step}: duplicate sequence ids")
         j = np.arange(len(ids)) if same else match_ids(prev_ids, ids)
         rec["seq_id"] = ids
         self._encode_rows(rec, new, j, same, before)
-        self._encode_tables(rec, new, j, same, getattr(delta, "table_ids", None))
+        if changed_tables is None:
+            tables = None
+            self._encode_tables(rec, new, j, same, getattr(delta, "table_ids", None))
+        else:
+            tables = self._encode_changed_tables(rec, ids, j, changed_tables)
         running, waiting, swapped = delta.running, delta.waiting, delta.swapped
         queued = np.fromiter((*running, *waiting, *swapped), dtype=np.int32, count=len(running) + len(waiting) + len(swapped))
         mode = QUEUES_DERIVED if np.array_equal(queued, ids) else QUEUES_STORED
@@ -335,11 +341,12 @@ class StepState:
             rec["queues"] = queued
         rec[HEAD] = np.array([delta.step, mode, len(running), len(waiting), len(swapped)], dtype=np.int32)
         rec["events"] = np.frombuffer(encode_events(delta.events), dtype=np.uint8)
-        self._keep_seqs(rec, {name: a.copy() for name, a in new.items()}, delta.step)
+        self._keep_seqs(rec, {name: a.copy() for name, a in new.items()}, delta.step, tables)
         return pack(STEP_FIELDS, rec)
 
-    def _keep_seqs(self, rec: dict, new: dict, step: int) -> None:
-        """Move the per-id parts to ``step``: the rows and tables the record lists changed."""
+    def _keep_seqs(self, rec: dict, new: dict, step: int, tables: list | None = None) -> None:
+        """Move the per-id parts to ``step``: the rows and tables the record lists changed
+        (``tables``: those tables as (seq id, table) when ``new`` holds none)."""
         ids = new["seq_id"].astype(np.intp)
         self._grow(ids)
         self._enter(ids, step)
@@ -348,12 +355,25 @@ class StepState:
             sel = ids[pos]
             for name in ROW_ARRAYS:
                 self.rows[name][sel] = new[name][pos]
+        if tables is not None:
+            for sid, table in tables:
+                self.tables[sid] = table
+                self.table_len[sid] = len(table)
+            self._seqs = None  # built from the per-id parts when asked for
+            return
         off, flat = new["seq_table_offsets"], new["seq_tables"]
         for p in np.asarray(rec.get("tab_pos", _EMPTY_I32)).tolist():
             sid = int(ids[p])
             self.tables[sid] = flat[off[p] : off[p + 1]].copy()  # a copy: a view would keep the step's tables alive
             self.table_len[sid] = off[p + 1] - off[p]
         self._seqs = new
+
+    def _rows_now(self) -> dict[str, np.ndarray]:
+        """This step's ``seq_id`` and per-sequence rows (what :attr:`seqs` holds, without its tables)."""
+        if self._seqs is not None:
+            return self._seqs
+        ids = self.seq_id.astype(np.intp)
+        return {"seq_id": self.seq_id, **{name: a[ids] for name, a in self.rows.items()}}
 
     def _encode_entries(self, rec: dict, idx_name: str, names: dict, delta, before: dict | None) -> None:
         idx = np.asarray(getattr(delta, idx_name), dtype=np.int64)
@@ -375,7 +395,7 @@ class StepState:
             self.pool[name][keep] = v
 
     def _encode_rows(self, rec: dict, new: dict, j: np.ndarray, same: bool, before: dict | None) -> None:
-        prev = self.seqs
+        prev = self._rows_now()
         changed = j < 0
         if len(prev["seq_id"]) and len(j):
             jj = None if same else np.maximum(j, 0)
@@ -429,6 +449,38 @@ class StepState:
         rec["tab_keep"] = keep[changed]
         rec["tab_len"] = tail_len
         rec["tab_tail"] = flat[ranges(start[changed] + keep[changed], tail_len)]
+
+    def _encode_changed_tables(self, rec: dict, ids: np.ndarray, j: np.ndarray, changed) -> list:
+        """Per changed table, as :meth:`_encode_tables` records it, from ``changed`` (seq id ->
+        its block table now) alone: every table that changed is there (the change log's
+        contract), and a sequence new to this step that is not there has none. O(the tables
+        that changed), not O(every table). Returns them as (seq id, int32 table)."""
+        fresh = np.flatnonzero(j < 0).tolist()
+        named = [p for p, sid in enumerate(ids.tolist()) if sid in changed] if changed else []
+        pos, keeps, lens, tails, out = [], [], [], [], []
+        for p in sorted({*fresh, *named}):
+            sid = int(ids[p])
+            now = changed.get(sid, ())
+            old = self.tables[sid].tolist() if j[p] >= 0 else []
+            n_old, n_now = len(old), len(now)
+            if n_old <= n_now and old == list(now[:n_old]):  # the usual change: the table grew
+                keep = n_old
+            else:
+                keep = next((k for k, (a, b) in enumerate(zip(old, now)) if a != b), min(n_old, n_now))
+            if keep == n_old == n_now:
+                continue
+            table = np.array(now, dtype=np.int32)
+            pos.append(p)
+            keeps.append(keep)
+            lens.append(n_now - keep)
+            tails.append(table[keep:])
+            out.append((sid, table))
+        if pos:
+            rec["tab_pos"] = np.array(pos, dtype=np.int32)
+            rec["tab_keep"] = np.array(keeps, dtype=np.int32)
+            rec["tab_len"] = np.array(lens, dtype=np.int32)
+            rec["tab_tail"] = np.concatenate(tails)
+        return out
 
     def _prev_tables(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Start and length, in the previous step's tables, of each sequence's table (0, 0 when new)."""

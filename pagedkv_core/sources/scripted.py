@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import zlib
 
-from ..batch import ScheduledBatch
+import numpy as np
+
+from ..batch import DecodeLane, ScheduledBatch
 from ..config import MAX_TOKEN_ID
 
 VOCAB_SIZE = 49152
@@ -38,6 +40,28 @@ def _request_key(request_id: str) -> int:
     return key
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def splitmix64_array(x: np.ndarray) -> np.ndarray:
+    """:func:`splitmix64` of each of a uint64 array (numpy's uint64 arithmetic wraps as ``& _MASK`` does)."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def lane_tokens(lane: DecodeLane) -> list[int]:
+    """:func:`scripted_token` of each of a step's plain decodes, computed for all of them at once."""
+    n = len(lane)
+    keys = np.fromiter(map(_request_key, lane.request_ids), dtype=np.uint64, count=n)
+    samples = np.array(lane.sample_indices, dtype=np.uint64)
+    positions = np.array(lane.num_output_tokens, dtype=np.uint64)
+    x = splitmix64_array(keys + samples * _GOLDEN + (positions << np.uint64(20)))
+    return (x % np.uint64(VOCAB_SIZE - FIRST_TOKEN) + np.uint64(FIRST_TOKEN)).tolist()
+
+
 def scripted_token(request_id: str, sample_index: int, position: int) -> int:
     """The scripted token id (in [FIRST_TOKEN, VOCAB_SIZE)) at an output position."""
     x = splitmix64((_request_key(request_id) + sample_index * 0x9E3779B97F4A7C15 + (position << 20)) & _MASK)
@@ -45,7 +69,8 @@ def scripted_token(request_id: str, sample_index: int, position: int) -> int:
 
 
 class ScriptedSource:
-    """TokenSource that writes no K/V and answers instantly."""
+    """TokenSource that writes no K/V and answers instantly. It reads a step's plain decodes as
+    columns (``batch.lane``) and draws their tokens with numpy, all at once."""
 
     eos_token_id = None
     max_model_len = 1 << 20
@@ -55,6 +80,11 @@ class ScriptedSource:
         self.num_slots = 0
         self.num_host_slots = 0
         self.steps = 0
+
+    @property
+    def reads_lane(self) -> bool:
+        """True unless a subclass overrides :meth:`execute` (it then sees every sequence in ``batch.seqs``)."""
+        return type(self).execute is ScriptedSource.execute
 
     def bind(self, num_slots: int, num_host_slots: int) -> None:
         self.num_slots = num_slots
@@ -74,4 +104,7 @@ class ScriptedSource:
                 out[work.seq_id] = [FIRST_TOKEN + x % (VOCAB_SIZE - FIRST_TOKEN)]
             else:
                 out[work.seq_id] = [scripted_token(rid, i, pos) for i in range(n)]
+        lane = batch.lane
+        if lane:
+            out.update(zip(lane.seq_ids, ([t] for t in lane_tokens(lane))))
         return out

@@ -292,11 +292,13 @@ def _notes(name: str, r: dict) -> str | None:
         if speed:
             out.append("**scale, recording speed** (" + ", ".join(f"{t['value']:,.0f}" for t in speed) +
                        " steps/s at 262,144 slots, target 2,000): the recording is not what limits it (it stores only what "
-                       "changed, so its cost does not grow with the pool); the engine's Python bookkeeping does. "
-                       "`azure-conv` keeps 40 to 70 sequences running, and every step schedules, writes and checks each of "
-                       "them in Python, about 15-20 µs a sequence; the 2,000 target was set from the 2,048-slot simulator with "
-                       "40 short requests. Meeting it needs a vectorized scheduler (numpy arrays of sequence state), not a "
-                       "faster recording. Measured on a loaded 2-core machine (load average in the result file)")
+                       "changed, and a step without a snapshot hands it only the block tables that changed); the engine's "
+                       "Python bookkeeping does. `azure-conv` keeps 40 to 70 sequences running: their plain decodes go "
+                       "through the decode lane (one write, one change-log entry, their tokens drawn at once), but each still "
+                       "costs a few Python calls a step, and admissions fold their blocks one at a time. The 2,000 target "
+                       "was set from the 2,048-slot simulator with 40 short requests. Meeting it needs the sequence state "
+                       "itself in numpy arrays across steps. The host's speed moves these figures: the README's engine-step "
+                       "section compares engines side by side. Measured on a 2-core machine (load average in the result file)")
         if other:
             out.append("; ".join(f"**scale**: {t['name']} = {t['value']} (target {t['target']})" for t in other))
         return "; ".join(out) + " (see `benchmarks/results/scale.json`)"
@@ -335,7 +337,10 @@ def _notes(name: str, r: dict) -> str | None:
                 f"{r.get('paged_steps_per_s_best', 0):,.0f}, target "
                 f"{(r.get('targets') or [{}])[0].get('target', '>= 2000').replace('>= ', '')}{spread}): the engine's Python per-sequence "
                 "bookkeeping limits it, as for scale's recording speed: 40 live sequences scheduled, written and checked "
-                "one by one each step. See `benchmarks/results/simulator.json`")
+                "each step (plain decodes in the decode lane, a few Python calls each), and a `RequestOutput` built for "
+                "every request every step (the bench reads them). The host's speed moves this figure by more than a "
+                "change to the engine does: the README's engine-step section compares engines side by side, in "
+                "instructions a step. See `benchmarks/results/simulator.json`")
     return "; ".join(f"**{name}**: {t['name']} = {t['value']} (target {t['target']})" for t in missed) + \
         f" (see `benchmarks/results/{name}.json`)"
 

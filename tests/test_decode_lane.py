@@ -103,8 +103,8 @@ def test_a_plain_decode_is_one_that_needs_nothing():
 
 
 def test_a_lane_step_logs_one_entry_and_keeps_the_finish_order():
-    """Four plain decodes are one DECODED entry; finishes inside and outside the lane come out in
-    the order the step took the sequences."""
+    """Four plain decodes are one DECODED entry, and the lane's finishes come out in the order the
+    step took the sequences (the random cases above mix them with finishes outside the lane)."""
     engine = Engine(EngineConfig(pool_slots=1024, block_size=16), ScriptedSource())
     for i, n in enumerate([5, 3, 5, 3]):
         add(engine, f"r{i}", [3 + i] * 3, output_len=n)

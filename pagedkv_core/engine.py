@@ -12,7 +12,8 @@ in their output and a ``reject`` event in the snapshot of the step they arrived 
 
 With a :class:`~pagedkv_core.record.recording.Recording` (``Engine(config, source, recording=rec)``)
 every step is stored in it as a delta of what changed; ``step(snapshot=False)`` then skips the
-full copy, so a step's cost follows what it changed, not the pool's size.
+full copy and lists no block tables (the recording gets the tables that changed, whole), so a
+step's cost follows what it changed, not the pool's size nor every table's length.
 
 The engine owns the pool view (:attr:`Engine.view`, a
 :class:`~pagedkv_core.record.pool_view.PoolView`): the allocator logs what it changes, and the

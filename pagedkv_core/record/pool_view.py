@@ -61,7 +61,7 @@ class Changes(NamedTuple):
 
     slots: list[int]  # flat half-open ranges [lo0, hi0, lo1, hi1, ...] of slots whose arrays may have changed
     blocks: list[int]  # the same, of blocks
-    tables: set[int]  # seq ids whose block table changed (or went)
+    tables: set[int]  # seq ids whose block table changed (or went); a recording-only step hands them on as id -> table
 
 
 class PoolView:

@@ -46,23 +46,36 @@ class SeqWork:
 
 @dataclass(slots=True)
 class DecodeLane:
-    """A step's *plain decodes* as columns: each sequence writes the K/V of its last token at
-    ``slots[i]``, a slot it already holds alone (see ``Allocator.decode_slot``), and samples one
-    token. The scheduler collects them in one pass and writes them in one call; a token source
-    that reads the lane (``reads_lane``) gets them here instead of one :class:`SeqWork` each,
-    and answers them in ``execute``'s dict like the rest."""
+    """A step's *plain decodes*: each sequence writes the K/V of its last token at ``slots[i]``,
+    a slot it already holds alone (see ``Allocator.decode_slot``), and samples one token. The
+    scheduler collects them in one pass and writes them in one call; a token source that reads
+    the lane (``reads_lane``) gets them here, as columns, instead of one :class:`SeqWork` each,
+    and answers them in ``execute``'s dict like the rest. Read the columns before the step
+    completes (it appends each sequence's new token)."""
 
-    seq_ids: list[int] = field(default_factory=list)
-    request_ids: list[str] = field(default_factory=list)
-    sample_indices: list[int] = field(default_factory=list)
-    num_output_tokens: list[int] = field(default_factory=list)  # each one's next token is at this output index
-    slots: list[int] = field(default_factory=list)
-    written: list[int] = field(default_factory=list)  # the token whose K/V goes to slots[i] (its last)
-    at: list[int] = field(default_factory=list)  # each one's place among the step's sequences (for order)
     seqs: list = field(default_factory=list)  # the scheduler's Sequence objects (sources read the columns)
+    slots: list[int] = field(default_factory=list)
+    at: list[int] = field(default_factory=list)  # each one's place among the step's sequences (for order)
 
     def __len__(self) -> int:
-        return len(self.seq_ids)
+        return len(self.seqs)
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return [s.seq_id for s in self.seqs]
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [s.request.request_id for s in self.seqs]
+
+    @property
+    def sample_indices(self) -> list[int]:
+        return [s.sample_index for s in self.seqs]
+
+    @property
+    def num_output_tokens(self) -> list[int]:
+        """Each one's next token is at this output index."""
+        return [len(s.token_ids) - s.num_prompt_tokens for s in self.seqs]
 
 
 @dataclass

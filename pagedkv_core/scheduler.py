@@ -293,20 +293,9 @@ class Scheduler:
 
     @staticmethod
     def _lane(chosen: list, lane_at: list[int]) -> DecodeLane:
-        """The plain decodes among ``chosen`` (at the places ``lane_at``), as columns."""
+        """The plain decodes among ``chosen`` (at the places ``lane_at``)."""
         picks = [chosen[at] for at in lane_at]
-        seqs = [seq for seq, _, _ in picks]
-        num_out = [len(s.token_ids) - s.num_prompt_tokens for s in seqs]
-        return DecodeLane(
-            seq_ids=[s.seq_id for s in seqs],
-            request_ids=[s.request.request_id for s in seqs],
-            sample_indices=[s.sample_index for s in seqs],
-            num_output_tokens=num_out,
-            slots=[slot for _, _, slot in picks],
-            written=[s.token_ids[-1] for s in seqs],
-            at=lane_at,
-            seqs=seqs,
-        )
+        return DecodeLane(seqs=[seq for seq, _, _ in picks], slots=[slot for _, _, slot in picks], at=lane_at)
 
     def complete(self, plan: StepPlan, new_tokens: dict[int, list[int]]) -> Completion:
         """Apply a step's results (requests that changed go to ``touched``); returns the step's
@@ -350,7 +339,7 @@ class Scheduler:
                     sample.finish_reason = reason
         lane = plan.lane
         if lane.seqs:
-            alloc.write_decodes(lane.slots, lane.written)
+            alloc.write_decodes(lane.slots, [s.token_ids[-1] for s in lane.seqs])  # each one's last token, before its new one
             for at, seq in zip(lane.at, lane.seqs):
                 tokens = get(seq.seq_id)
                 if tokens is None or len(tokens) != 1:

@@ -21,9 +21,8 @@ from pagedkv_core.kv import changes as log
 from pagedkv_core.kv.registry import ALLOCATORS
 from pagedkv_core.record.recording import Recording
 from pagedkv_core.sampling import SamplingParams
-from pagedkv_core.sources.scripted import (ScriptedSource, lane_tokens, scripted_token, splitmix64,
+from pagedkv_core.sources.scripted import (ScriptedSource, scripted_token, scripted_tokens, splitmix64,
                                            splitmix64_array)
-from pagedkv_core.batch import DecodeLane
 
 from .engine_helpers import add
 from .test_fuzz import random_case
@@ -125,11 +124,10 @@ def test_lane_tokens_are_the_scripted_tokens():
     xs = [0, 1, (1 << 64) - 1, 1 << 63, 0x9E3779B97F4A7C15] + rng.integers(0, 1 << 63, 500, dtype=np.uint64).tolist()
     assert splitmix64_array(np.array(xs, dtype=np.uint64)).tolist() == [splitmix64(x) for x in xs]
     ids = [f"r{i}" for i in range(200)] + ["", "é" * 40, "\U0001f600"]
-    lane = DecodeLane(seq_ids=list(range(len(ids))), request_ids=ids,
-                      sample_indices=[i % 5 for i in range(len(ids))],
-                      num_output_tokens=[(i * 7919) % 200_000 for i in range(len(ids))])
-    assert lane_tokens(lane) == [scripted_token(r, s, p) for r, s, p in
-                                 zip(lane.request_ids, lane.sample_indices, lane.num_output_tokens)]
+    samples = [i % 5 for i in range(len(ids))]
+    positions = [(i * 7919) % 200_000 for i in range(len(ids))]
+    assert scripted_tokens(ids, samples, positions) == [scripted_token(r, s, p) for r, s, p in
+                                                        zip(ids, samples, positions)]
 
 
 def test_a_source_that_overrides_execute_sees_every_sequence():

@@ -341,7 +341,8 @@ class StepState:
             rec["queues"] = queued
         rec[HEAD] = np.array([delta.step, mode, len(running), len(waiting), len(swapped)], dtype=np.int32)
         rec["events"] = np.frombuffer(encode_events(delta.events), dtype=np.uint8)
-        self._keep_seqs(rec, {name: a.copy() for name, a in new.items()}, delta.step, tables)
+        kept = new if tables is not None else {name: a.copy() for name, a in new.items()}  # only kept whole when dense
+        self._keep_seqs(rec, kept, delta.step, tables)
         return pack(STEP_FIELDS, rec)
 
     def _keep_seqs(self, rec: dict, new: dict, step: int, tables: list | None = None) -> None:

@@ -11,7 +11,7 @@ import zlib
 
 import numpy as np
 
-from ..batch import DecodeLane, ScheduledBatch
+from ..batch import ScheduledBatch
 from ..config import MAX_TOKEN_ID
 
 VOCAB_SIZE = 49152
@@ -52,13 +52,12 @@ def splitmix64_array(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def lane_tokens(lane: DecodeLane) -> list[int]:
-    """:func:`scripted_token` of each of a step's plain decodes, computed for all of them at once."""
-    n = len(lane)
-    keys = np.fromiter(map(_request_key, lane.request_ids), dtype=np.uint64, count=n)
-    samples = np.array(lane.sample_indices, dtype=np.uint64)
-    positions = np.array(lane.num_output_tokens, dtype=np.uint64)
-    x = splitmix64_array(keys + samples * _GOLDEN + (positions << np.uint64(20)))
+def scripted_tokens(request_ids: list[str], sample_indices: list[int], positions: list[int]) -> list[int]:
+    """:func:`scripted_token` of each ``(request_ids[i], sample_indices[i], positions[i])``, computed
+    for all of them at once (a step's plain decodes)."""
+    keys = np.fromiter(map(_request_key, request_ids), dtype=np.uint64, count=len(request_ids))
+    x = splitmix64_array(keys + np.array(sample_indices, dtype=np.uint64) * _GOLDEN
+                         + (np.array(positions, dtype=np.uint64) << np.uint64(20)))
     return (x % np.uint64(VOCAB_SIZE - FIRST_TOKEN) + np.uint64(FIRST_TOKEN)).tolist()
 
 
@@ -106,5 +105,6 @@ class ScriptedSource:
                 out[work.seq_id] = [scripted_token(rid, i, pos) for i in range(n)]
         lane = batch.lane
         if lane:
-            out.update(zip(lane.seq_ids, ([t] for t in lane_tokens(lane))))
+            tokens = scripted_tokens(lane.request_ids, lane.sample_indices, lane.num_output_tokens)
+            out.update(zip(lane.seq_ids, ([t] for t in tokens)))
         return out

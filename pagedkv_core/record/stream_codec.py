@@ -26,6 +26,7 @@ rewritten field by field, with nothing it cannot give back:
 from __future__ import annotations
 
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,34 +76,132 @@ def _modular(a: np.ndarray, b: np.ndarray, sign: int) -> np.ndarray:
     return out.view(a.dtype)
 
 
+# A record of at most this many values is packed with one pass of numpy over all its fields
+# together (a step's record: a few values in each of about 20 fields, where per-field calls
+# would cost most); a bigger one (a keyframe) field by field, which needs no 8-byte copy of it.
+ALL_AT_ONCE_VALUES = 1 << 14
+
+
+class _Plan(NamedTuple):
+    """Per field of a layout, in its order: what packing needs to know besides the values."""
+
+    names: list[str]
+    itemsize: np.ndarray  # int64
+    half: np.ndarray  # int64: 2**(8 * itemsize - 1), 0 for 8-byte fields (int64 arithmetic wraps by itself)
+    delta: np.ndarray  # bool: stored as differences from the value before
+    diff: np.ndarray  # bool: stored as differences from the step before
+    runs: list[tuple[int, int, np.dtype]]  # (first, end) field of each run of one width: contiguous in a record
+
+
+_PLANS: dict[int, _Plan] = {}
+_FITS = np.array([127, 32767, 2**31 - 1], dtype=np.int64)  # the largest magnitude 1, 2 and 4 bytes hold
+_NEED = np.array([1, 2, 4, 8], dtype=np.int64)
+
+
+def _plan(fields: dict[str, np.dtype]) -> _Plan:
+    plan = _PLANS.get(id(fields))
+    if plan is None:
+        size = [d.itemsize for d in fields.values()]
+        for (name, dtype), before in zip(fields.items(), [99, *size]):
+            # unsigned fields wider than a byte would narrow differently; records are laid out widest first
+            assert dtype.kind in "iu" and (dtype.kind == "i" or dtype.itemsize == 1) and dtype.itemsize <= before, name
+        runs = []
+        for i, w in enumerate(size):
+            if runs and size[runs[-1][0]] == w:
+                runs[-1] = (runs[-1][0], i + 1, _SIGNED[w])
+            else:
+                runs.append((i, i + 1, _SIGNED[w]))
+        size = np.array(size, dtype=np.int64)
+        plan = _PLANS[id(fields)] = _Plan(
+            list(fields), size, np.where(size < 8, np.left_shift(1, 8 * size - 1, dtype=np.int64), 0),
+            np.array([n in DELTA_FIELDS for n in fields]), np.array([n in DIFF_FIELDS for n in fields]), runs)
+    return plan
+
+
 def pack_file_record(fields: dict[str, np.dtype], record: bytes, before: dict | None = None) -> bytes:
     """The file form of ``record`` (laid out by ``fields``, see step_codec.pack): counts, one
     width byte a field, one flag byte (1: the pool values are differences), then each field's
     narrowed, shuffled bytes. ``before``: the pool values at the record's indices the step
     before (a step record's, see StepState.encode)."""
-    from .step_codec import unpack
+    plan = _plan(fields)
+    head = _header_bytes(len(fields))
+    lengths = np.frombuffer(record, dtype="<i4", count=len(fields)).astype(np.int64)
+    if len(record) != head + int(lengths @ plan.itemsize) or lengths.min() < 0:
+        raise ValueError("record lengths do not add up to its size")
+    widths = np.zeros(len(fields) + 1, dtype=np.uint8)
+    widths[:-1] = plan.itemsize  # an empty field keeps its own width
+    widths[-1] = before is not None
+    if lengths.sum() <= ALL_AT_ONCE_VALUES:
+        body = _pack_all_at_once(plan, np.frombuffer(record, dtype=np.uint8, offset=head), lengths, before, widths)
+    else:
+        from .step_codec import unpack
 
-    values = dict(unpack(fields, record))
+        body = _pack_each(fields, unpack(fields, record), before, widths)
+    return b"".join([record[:head], widths.tobytes(), body])
+
+
+def _pack_each(fields, values, before, widths) -> bytes:
+    """The fields' bytes, field by field (sets ``widths``)."""
+    values = dict(values)
     if before is not None:
         for name in DIFF_FIELDS:
             values[name] = _modular(values[name], before[name], -1)
-    counts = np.zeros(_header_bytes(len(fields)) // 4, dtype="<i4")
-    widths = np.zeros(len(fields) + 1, dtype=np.uint8)
-    widths[-1] = before is not None
     parts = []
     for i, (name, dtype) in enumerate(fields.items()):
         a = values[name]
         if not len(a):  # most fields of most records
-            widths[i] = dtype.itemsize
             continue
-        counts[i] = len(a)
-        if name in DELTA_FIELDS and len(a) and dtype.kind in "iu":
+        if name in DELTA_FIELDS:
             u = a.view(_UNSIGNED[dtype.itemsize])
             a = np.diff(u, prepend=u.dtype.type(0)).view(dtype)  # modular: exact for any values
         w, a = _narrow(a)
         widths[i] = w
         parts.append(_shuffle(a))
-    return b"".join([counts.tobytes(), widths.tobytes(), *parts])
+    return b"".join(parts)
+
+
+def _pack_all_at_once(plan: _Plan, body: np.ndarray, lengths: np.ndarray, before, widths) -> bytes:
+    """The same bytes as :func:`_pack_each`, with every field's values laid end to end as int64
+    (sets ``widths``): each value becomes its field's wrapped difference, each field is narrowed
+    by its largest magnitude, and one index gathers the low bytes of each plane."""
+    live = np.flatnonzero(lengths)
+    if not len(live):
+        return b""
+    parts, at = [], 0
+    for first, end, dtype in plan.runs:  # a run of fields of one width: one view
+        size = int(lengths[first:end].sum()) * dtype.itemsize
+        if size:
+            parts.append(body[at : at + size].view(dtype))
+            at += size
+    v = np.concatenate(parts, dtype=np.int64) if len(parts) > 1 else parts[0].astype(np.int64)
+    n = lengths[live]
+    starts = np.cumsum(n) - n
+    half = np.repeat(plan.half[live], n)
+    wrap = 2 * half - 1  # all ones for 8-byte fields
+    if before is not None:
+        zero = np.zeros(int(n.max()), dtype=np.int64)
+        v -= np.concatenate([before[plan.names[i]] if plan.diff[i] else zero[:k]
+                             for i, k in zip(live.tolist(), n.tolist())], dtype=np.int64)
+        v = ((v + half) & wrap) - half
+    delta = np.repeat(plan.delta[live], n)
+    if delta.any():
+        prev = np.empty_like(v)
+        prev[0] = 0
+        prev[1:] = v[:-1]
+        prev[starts] = 0
+        v = ((v - prev * delta + half) & wrap) - half
+
+    top = np.maximum(np.maximum.reduceat(v, starts), ~np.minimum.reduceat(v, starts))  # ~x = -x - 1
+    w = np.minimum(_NEED[np.searchsorted(_FITS, top)], plan.itemsize[live])
+    widths[live] = w
+
+    # Plane p of field f: byte p of each of its values, in order.
+    field = np.repeat(np.arange(len(live)), w)
+    plane = np.arange(len(field)) - np.repeat(np.cumsum(w) - w, w)
+    size = n[field]
+    at = np.cumsum(size) - size
+    index = np.repeat(8 * (starts[field] - at) + plane, size) + 8 * np.arange(int(size.sum()))
+    return v.astype("<i8", copy=False).view(np.uint8)[index].tobytes()
 
 
 def unpack_file_record(fields: dict[str, np.dtype], data: bytes, state=None) -> bytes:

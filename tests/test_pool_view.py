@@ -132,7 +132,7 @@ def test_an_observed_server_folds_into_a_view_that_says_what_it_does_not_know():
 
 def test_an_engine_view_knows_its_owners():
     view = PoolView(8, 4, 2)
-    view.fold([(log.TAKEN, 1, 5, 3), (log.FILLED, 1, 0, [9, 9])])
+    view.fold([(log.TAKEN, [1], 5, 3), (log.FILLED, 1, 0, [9, 9])])
     assert view.slot_owner.tolist() == [-1] * 4 + [3] * 4
     assert view.slot_state.tolist()[4:] == [SlotState.FILLED] * 2 + [SlotState.EMPTY] * 2
     assert view.take_changes().blocks == [1, 2, 1, 2]

@@ -8,19 +8,21 @@ tokens*, *block b cached under hash h*, *run [a, a + n) reserved by request o*, 
 per-block arrays that snapshots, recordings and heatmaps read, and names the ranges it touched.
 
 Each entry is a tuple whose first item is its kind (the constants below). Logging is O(1) per
-entry (plus the tokens written, which the step computes anyway); a step's plain decodes
-(:meth:`ChangeLog.decoded`) are one entry for all of them. :class:`NoChangeLog` is what an
+entry (plus the tokens written, which the step computes anyway); the blocks a sequence takes
+at once (admission, growth, swap-in), lets go at once (its end, a preemption) or fills up in
+one write (indexed in the prefix cache) are one entry,
+and a step's plain decodes (:meth:`ChangeLog.decoded`) are one entry for all of them. :class:`NoChangeLog` is what an
 allocator gets when nothing records or snapshots the run: every call is a no-op and nothing is kept.
 """
 from __future__ import annotations
 
-# Paged: one block at a time.
-TAKEN = 0  # (TAKEN, b, seq_id, owner): a free block now held by one sequence; empty, uncached
+# Paged: a sequence's blocks taken, let go or indexed at once; the rest one block at a time.
+TAKEN = 0  # (TAKEN, blocks, seq_id, owner): free blocks now held by one sequence; empty, uncached
 HELD = 1  # (HELD, b, seq_id, owner): one more sequence holds b (prefix hit, fork)
-RELEASED = 2  # (RELEASED, b, seq_id): the sequence let b go; unheld and uncached, its tokens go too
+RELEASED = 2  # (RELEASED, blocks, seq_id): the sequence let the blocks go; unheld and uncached, their tokens go too
 FILLED = 3  # (FILLED, b, offset, tokens): K/V of ``tokens`` written from ``offset``; fill = offset + len
 COPIED = 4  # (COPIED, src, dst, n): copy-on-write: dst holds src's first n tokens
-CACHED = 5  # (CACHED, b, hash): b indexed in the prefix cache under ``hash``
+CACHED = 5  # (CACHED, blocks, hashes): blocks[i] indexed in the prefix cache under hashes[i]
 UNCACHED = 6  # (UNCACHED, b): b's hash forgotten (a reset of the prefix cache); unheld: its tokens go
 TABLE = 7  # (TABLE, seq_id): the sequence's block table changed (grew, was copied on write, or went)
 # Contiguous: runs of slots.
@@ -48,14 +50,14 @@ class ChangeLog:
         return out
 
     # paged ------------------------------------------------------------------------------
-    def taken(self, b: int, seq_id: int, owner: int) -> None:
-        self.entries.append((TAKEN, b, seq_id, owner))
+    def taken(self, blocks: list[int], seq_id: int, owner: int) -> None:
+        self.entries.append((TAKEN, blocks, seq_id, owner))
 
     def held(self, b: int, seq_id: int, owner: int) -> None:
         self.entries.append((HELD, b, seq_id, owner))
 
-    def released(self, b: int, seq_id: int) -> None:
-        self.entries.append((RELEASED, b, seq_id))
+    def released(self, blocks: list[int], seq_id: int) -> None:
+        self.entries.append((RELEASED, blocks, seq_id))
 
     def filled(self, b: int, offset: int, tokens: list[int]) -> None:
         self.entries.append((FILLED, b, offset, tokens))
@@ -63,8 +65,8 @@ class ChangeLog:
     def copied(self, src: int, dst: int, n: int) -> None:
         self.entries.append((COPIED, src, dst, n))
 
-    def cached(self, b: int, block_hash: int) -> None:
-        self.entries.append((CACHED, b, block_hash))
+    def cached(self, blocks: list[int], hashes: list[int]) -> None:
+        self.entries.append((CACHED, blocks, hashes))
 
     def uncached(self, b: int) -> None:
         self.entries.append((UNCACHED, b))

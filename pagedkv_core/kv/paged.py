@@ -162,7 +162,7 @@ class BlockManager:
         for block in hits:
             self._take(seq, block)
             table.append(block.block_id)
-        fresh = [self._new_block(seq) for _ in range(num_new)]
+        fresh = self._new_blocks(seq, num_new)
         table.extend(fresh)
         self.tables[seq.seq_id] = table
         self.changes.table(seq.seq_id)
@@ -219,19 +219,19 @@ class BlockManager:
         j = seq.num_computed // bs
         if j < len(table) and self.pool.blocks[table[j]].ref_count > 1:
             src = table[j]
-            dst = self._new_block(seq)
+            dst = self._new_blocks(seq, 1)[0]
             n = self.fill[src]
             self.fill[dst] = n
             self.filled_slots += n
             self.changes.copied(src, dst, n)
             table[j] = dst
             self.changes.table(seq.seq_id)
-            self._drop(seq, self.pool.blocks[src])
+            self._drop(seq, [src])
             copies.append((src, dst))
             events.append(Event(COW, seq.seq_id, rid, {"src": src, "dst": dst}))
         new = cdiv(seq.num_computed + num_tokens, bs) - len(table)
         if new > 0:
-            fresh = [self._new_block(seq) for _ in range(new)]
+            fresh = self._new_blocks(seq, new)
             table.extend(fresh)
             self.changes.table(seq.seq_id)
             events.append(Event(APPEND, seq.seq_id, rid, {"blocks": fresh}))
@@ -282,6 +282,10 @@ class BlockManager:
                 return
         end = start + count
         pos = start
+        hashes = None
+        if self.enable_caching and end // bs > start // bs:  # a block fills up: its hash, and those before it
+            hashes = extend_block_hashes(seq.block_hashes, tokens, bs, end // bs, seq.request.extra_keys)
+        indexed: list[int] = []
         while pos < end:
             j = pos // bs
             b = table[j]
@@ -295,21 +299,20 @@ class BlockManager:
                 log.filled(b, lo_off, tokens[pos:hi])
             fill[b] = hi_off
             self.filled_slots += hi - pos
-            if hi_off == bs and self.enable_caching:
-                hashes = extend_block_hashes(seq.block_hashes, tokens, bs, j + 1, seq.request.extra_keys)
-                self._register(b, hashes, j, tokens)
+            if hi_off == bs and hashes is not None and self._register(b, hashes, j, tokens):
+                indexed.append(j)
             pos = hi
+        if indexed:
+            log.cached([table[j] for j in indexed], [hashes[j] for j in indexed])
 
-    def _register(self, b: int, hashes: list[int], j: int, tokens) -> None:
-        """Index block ``b``, logical block ``j`` of a sequence, in the prefix cache."""
+    def _register(self, b: int, hashes: list[int], j: int, tokens) -> bool:
+        """Index block ``b``, logical block ``j`` of a sequence, in the prefix cache (False: a
+        block with its hash is indexed already)."""
         block = self.pool.blocks[b]
         if self.pool.kv_event_sink is None:
-            indexed = self.pool.register(block, hashes[j])
-        else:
-            bs = self.block_size
-            indexed = self.pool.register(block, hashes[j], hashes[j - 1] if j else NO_HASH, tokens[j * bs:(j + 1) * bs])
-        if indexed:
-            self.changes.cached(b, hashes[j])
+            return self.pool.register(block, hashes[j])
+        bs = self.block_size
+        return self.pool.register(block, hashes[j], hashes[j - 1] if j else NO_HASH, tokens[j * bs:(j + 1) * bs])
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (only when no sequence holds a block). Returns whether it did."""
@@ -336,9 +339,7 @@ class BlockManager:
         table = self.tables.pop(seq.seq_id, None)
         self.changes.table(seq.seq_id)
         if table:
-            blocks = self.pool.blocks
-            for b in reversed(table):
-                self._drop(seq, blocks[b])
+            self._drop(seq, table[::-1])
         host = self.host_tables.pop(seq.seq_id, None)
         if host:
             for h in host:
@@ -368,10 +369,10 @@ class BlockManager:
             return None
         host = self.host_tables.pop(seq.seq_id)
         need = cdiv(seq.num_tokens, self.block_size)
-        table = [self._new_block(seq) for _ in range(need)]
-        self.tables[seq.seq_id] = table
+        fresh = self._new_blocks(seq, need)
+        self.tables[seq.seq_id] = list(fresh)  # a table of its own: the change log keeps ``fresh``
         self.changes.table(seq.seq_id)
-        pairs = list(zip(host, table))
+        pairs = list(zip(host, fresh))
         for h in host:
             self.host.free(h)
         computed = seq.num_computed
@@ -380,11 +381,16 @@ class BlockManager:
         return pairs
 
     # ------------------------------------------------------------------ block bookkeeping
-    def _new_block(self, seq: Sequence) -> int:
-        b = self.pool.allocate().block_id
-        self.fill[b] = 0
-        self.changes.taken(b, seq.seq_id, seq.request.index)
-        return b
+    def _new_blocks(self, seq: Sequence, n: int) -> list[int]:
+        """``n`` free blocks for ``seq``, empty (one change-log entry for all of them, which keeps
+        the list returned: a caller copies it into a table rather than growing it)."""
+        allocate, fill = self.pool.allocate, self.fill
+        out = [allocate().block_id for _ in range(n)]
+        for b in out:
+            fill[b] = 0
+        if out:
+            self.changes.taken(out, seq.seq_id, seq.request.index)
+        return out
 
     def _take(self, seq: Sequence, block: Block) -> None:
         b = block.block_id
@@ -393,13 +399,16 @@ class BlockManager:
         self.pool.touch(block)
         self.changes.held(b, seq.seq_id, seq.request.index)
 
-    def _drop(self, seq: Sequence, block: Block) -> None:
-        b = block.block_id
-        if self.pool.release(block):
-            self.filled_slots -= self.fill[b]
-            if block.block_hash == NO_HASH:
-                self.fill[b] = 0
-        self.changes.released(b, seq.seq_id)
+    def _drop(self, seq: Sequence, block_ids: list[int]) -> None:
+        """``seq`` lets go of ``block_ids``, in that order (one change-log entry for all of them)."""
+        blocks, release, fill = self.pool.blocks, self.pool.release, self.fill
+        for b in block_ids:
+            block = blocks[b]
+            if release(block):
+                self.filled_slots -= fill[b]
+                if block.block_hash == NO_HASH:
+                    fill[b] = 0
+        self.changes.released(block_ids, seq.seq_id)
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, live: list[Sequence]) -> None:

@@ -11,8 +11,9 @@ Allocators only allocate: what they change they tell a change log
 
 :meth:`PoolView.fold` applies one step's entries; :meth:`PoolView.take_changes` then names the
 :class:`Changes` they made (the slot and block ranges touched, the tables that changed): what a
-recording stores. The cost follows the entries: a step's plain decodes are one entry, folded by
-numpy at once; a block taken or let go, O(block size).
+recording stores. The cost follows the entries: a step's plain decodes are one entry, and so are
+the blocks a sequence takes, lets go or gets indexed at once, each folded by numpy at once; a
+block filled or held, O(block size).
 The engine owns the view (``Engine.view``) and folds after every step; with nothing recording or
 snapshotting it keeps none, and allocators log nothing.
 
@@ -42,6 +43,7 @@ _FREE, _FILLED, _EMPTY, _CACHED, _SHARED, _FRAGMENT = (
     int(SlotState.FRAGMENT),
 )
 UNKNOWN_OWNER = -2  # the source does not say who holds the slot
+_BULK = 4  # blocks of one entry from which numpy folds them at once (fewer: one at a time is cheaper)
 ALL_FIELDS = frozenset({"state", "owner", "token", "ref", "fill", "hash", "partial"})
 OBSERVED_FIELDS = frozenset({"state", "token", "hash"})  # a vLLM server's KV events: full cached blocks only
 SLOT_FIELDS = ("slot_state", "slot_owner", "slot_token")
@@ -175,26 +177,75 @@ class PoolView:
     def _table(self, seq_id: int) -> None:
         self._tables.add(seq_id)
 
-    def _taken(self, b: int, seq_id: int, owner: int) -> None:
-        self._holders[b] = [seq_id]
+    def _taken(self, blocks: list[int], seq_id: int, owner: int) -> None:
+        """Free blocks now held by ``seq_id`` alone: empty, uncached (a cached one was evicted)."""
+        holders = self._holders
+        for b in blocks:
+            holders[b] = [seq_id]
         self._owner_of[seq_id] = owner
-        self.block_hash[b] = NO_HASH  # a taken block holds nothing (a cached one was evicted)
-        self._clear_tokens(b)
-        self._refresh(b)
+        if len(blocks) < _BULK:
+            for b in blocks:
+                self.block_hash[b] = NO_HASH
+                self._clear_tokens(b)
+                self._refresh(b)
+            return
+        at = np.array(blocks, dtype=np.int64)
+        slots = self._slots_of(at)
+        self.block_hash[at] = NO_HASH
+        self.block_fill[at] = 0
+        self.block_ref[at] = 1
+        self.block_state[at] = _EMPTY
+        self.slot_token[slots] = -1
+        self.slot_state[slots] = _EMPTY
+        self.slot_owner[slots] = owner
 
     def _held(self, b: int, seq_id: int, owner: int) -> None:
         self._holders.setdefault(b, []).append(seq_id)
         self._owner_of[seq_id] = owner
         self._refresh(b)
 
-    def _released(self, b: int, seq_id: int) -> None:
-        holders = self._holders[b]
-        holders.remove(seq_id)
-        if not holders:
-            del self._holders[b]
-            if self.block_hash[b] == NO_HASH:
-                self._clear_tokens(b)
-        self._refresh(b)
+    def _released(self, blocks: list[int], seq_id: int) -> None:
+        """``seq_id`` let the blocks go: a block no one else holds shows free or cached (an
+        uncached one loses its tokens); one still held shows its next holder."""
+        holders = self._holders
+        unheld = []
+        for b in blocks:
+            mine = holders[b]
+            mine.remove(seq_id)
+            if mine:
+                self._refresh(b)
+            else:
+                del holders[b]
+                unheld.append(b)
+        if len(unheld) < _BULK:
+            for b in unheld:
+                if self.block_hash[b] == NO_HASH:
+                    self._clear_tokens(b)
+                self._refresh(b)
+            return
+        at = np.array(unheld, dtype=np.int64)
+        slots = self._slots_of(at)
+        cached = self.block_hash[at] != NO_HASH
+        code = np.where(cached, np.int8(_CACHED), np.int8(_FREE))
+        gone = at[~cached]
+        self.block_fill[gone] = 0
+        self.slot_token[self._slots_of(gone, mark=False)] = -1
+        self.block_ref[at] = 0
+        self.block_state[at] = code
+        self.slot_state[slots] = np.repeat(code, self.block_size)
+        self.slot_owner[slots] = -1
+
+    def _slots_of(self, at: np.ndarray, mark: bool = True) -> np.ndarray:
+        """The slots of blocks ``at``, block by block (``mark``: as touched, with the blocks)."""
+        bs = self.block_size
+        if mark:
+            self._blocks += _spans(at)
+            lo = at * bs
+            spans = np.empty(2 * len(at), dtype=np.int64)
+            spans[0::2] = lo
+            spans[1::2] = lo + bs
+            self._slots += spans.tolist()
+        return (at[:, None] * bs + np.arange(bs)).ravel()
 
     def _filled(self, b: int, offset: int, tokens: list[int]) -> None:
         bs = self.block_size
@@ -219,9 +270,19 @@ class PoolView:
         self.slot_token[dst * bs : dst * bs + n] = self.slot_token[src * bs : src * bs + n]
         self._refresh(dst)
 
-    def _cached(self, b: int, block_hash: int) -> None:
-        self.block_hash[b] = block_hash
-        self._refresh(b)
+    def _cached(self, blocks: list[int], hashes: list[int]) -> None:
+        """Blocks indexed in the prefix cache: a held block shows as it did, with its hash."""
+        if len(blocks) < _BULK:
+            for b, h in zip(blocks, hashes):
+                self.block_hash[b] = h
+                self._refresh(b)
+            return
+        at = np.array(blocks, dtype=np.int64)
+        self.block_hash[at] = hashes
+        unheld = [b for b in blocks if b not in self._holders]
+        for b in unheld:  # none from an engine: a sequence's own write indexes its blocks
+            self._refresh(b)
+        self._blocks += _spans(at)
 
     def _uncached(self, b: int) -> None:
         self.block_hash[b] = NO_HASH

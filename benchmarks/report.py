@@ -295,7 +295,8 @@ def _notes(name: str, r: dict) -> str | None:
                        "changed, and a step without a snapshot hands it only the block tables that changed); the engine's "
                        "Python bookkeeping does. `azure-conv` keeps 40 to 70 sequences running: their plain decodes go "
                        "through the decode lane (one write, one change-log entry, their tokens drawn at once), but each still "
-                       "costs a few Python calls a step, and admissions fold their blocks one at a time. The 2,000 target "
+                       "costs a few Python calls a step, and every other sequence (prefill, a block that fills up) goes through "
+                       "the per-sequence paths, block by block. The 2,000 target "
                        "was set from the 2,048-slot simulator with 40 short requests. Meeting it needs the sequence state "
                        "itself in numpy arrays across steps. The host's speed moves these figures: the README's engine-step "
                        "section compares engines side by side. Measured on a 2-core machine (load average in the result file)")

@@ -50,11 +50,11 @@ SLOT_FIELDS = ("slot_state", "slot_owner", "slot_token")
 BLOCK_FIELDS = ("block_state", "block_ref", "block_fill", "block_hash")
 
 
-def _spans(at: np.ndarray) -> list[int]:
-    """The one-element ranges ``[a, a + 1)`` of each of ``at``, flat (as :class:`Changes` holds them)."""
+def _spans(at: np.ndarray, size: int = 1) -> list[int]:
+    """The ranges ``[a * size, a * size + size)`` of each of ``at``, flat (as :class:`Changes` holds them)."""
     out = np.empty(2 * len(at), dtype=np.int64)
-    out[0::2] = at
-    out[1::2] = at + 1
+    out[0::2] = at * size
+    out[1::2] = out[0::2] + size
     return out.tolist()
 
 
@@ -240,11 +240,7 @@ class PoolView:
         bs = self.block_size
         if mark:
             self._blocks += _spans(at)
-            lo = at * bs
-            spans = np.empty(2 * len(at), dtype=np.int64)
-            spans[0::2] = lo
-            spans[1::2] = lo + bs
-            self._slots += spans.tolist()
+            self._slots += _spans(at, bs)
         return (at[:, None] * bs + np.arange(bs)).ravel()
 
     def _filled(self, b: int, offset: int, tokens: list[int]) -> None:

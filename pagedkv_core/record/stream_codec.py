@@ -94,7 +94,7 @@ class _Plan(NamedTuple):
 
 
 _PLANS: dict[int, _Plan] = {}
-_FITS = np.array([127, 32767, 2**31 - 1], dtype=np.int64)  # the largest magnitude 1, 2 and 4 bytes hold
+_FITS = np.array([_LIMITS[w][1] for w in _WIDTHS[:-1]], dtype=np.int64)  # the largest magnitude 1, 2 and 4 bytes hold
 _NEED = np.array([1, 2, 4, 8], dtype=np.int64)
 
 

@@ -241,7 +241,10 @@ def _vllm_note(r: dict, missed: list[dict]) -> str | None:
             "separate processes that run beside the bound OpenMP threads (its figure at 1 thread uses more than one core "
             "when one is free, and more of a shared machine's time slices when it is not), while pagedkv's forward runs "
             "on its torch threads alone; the per-CPU-second ratio counts every process of each side. On a loaded machine "
-            "(load average above the core count) neither figure is clean. See `benchmarks/results/throughput.json`")
+            "(load average above the core count) neither figure is clean. What limits pagedkv (README, *Where vLLM's time "
+            "goes*): both sides run the same oneDNN GEMM kernels; pagedkv's extra cost per token is its K/V gather before "
+            "attention and its unfused elementwise ops, which vLLM's C++ paged attention and `torch.compile` avoid. "
+            "See `benchmarks/results/throughput.json`")
 
 
 def _notes(name: str, r: dict) -> str | None:

@@ -76,19 +76,26 @@ class ThroughputServer(VLLMServer):
         return env
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """CPU seconds (user + system) used so far by the live processes of process group ``pgid``
-    (the server: its API server, engine core and worker), from /proc; 0.0 without /proc."""
+def group_cpu_by_process(pgid: int) -> dict[int, tuple[str, float]]:
+    """pid -> (its name, CPU seconds used so far: user + system) of each live process of process
+    group ``pgid`` (the server: its API server, engine core and worker), from /proc; {} without /proc."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    total = 0
+    out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            head, tail = stat.read_text().rsplit(")", 1)
+            fields = tail.split()
+            in_group = int(fields[2]) == pgid
+        except (OSError, ValueError, IndexError):
             continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
+        if in_group:
+            out[int(stat.parent.name)] = (head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of process group ``pgid``."""
+    return sum(seconds for _, seconds in group_cpu_by_process(pgid).values())
 
 
 def _post(url: str, body: dict | None, timeout: float = REQUEST_TIMEOUT_S) -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import report
 from benchmarks.bench_throughput import first_divergence, vllm_targets
-from benchmarks.vllm_peer import ThroughputServer, cpu_bind, group_cpu_seconds
+from benchmarks.vllm_peer import ThroughputServer, cpu_bind, group_cpu_by_process, group_cpu_seconds
 
 EOS = 2
 
@@ -60,6 +60,15 @@ def test_server_command_and_environment(tmp_path):
 def test_group_cpu_seconds_counts_this_process_group():
     assert group_cpu_seconds(os.getpgrp()) >= 0.0
     assert group_cpu_seconds(2**22 + 12345) == 0.0  # no such group
+
+
+def test_group_cpu_by_process_names_each_process_of_the_group():
+    sum(range(2_000_000))  # some CPU time of this process's own
+    mine = group_cpu_by_process(os.getpgrp())
+    if os.getpgid(0) == os.getpgrp():
+        name, seconds = mine[os.getpid()]
+        assert name == Path(f"/proc/{os.getpid()}/comm").read_text().strip() and seconds > 0
+    assert group_cpu_by_process(2**22 + 12345) == {}
 
 
 def _result(ratio_1: float, ratio_2: float, divergence=None) -> dict:

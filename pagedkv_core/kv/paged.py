@@ -302,7 +302,7 @@ class BlockManager:
             if hi_off == bs and hashes is not None and self._register(b, hashes, j, tokens):
                 indexed.append(j)
             pos = hi
-        if indexed:
+        if indexed and log.active:
             log.cached([table[j] for j in indexed], [hashes[j] for j in indexed])
 
     def _register(self, b: int, hashes: list[int], j: int, tokens) -> bool:

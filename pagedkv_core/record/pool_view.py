@@ -227,20 +227,18 @@ class PoolView:
         slots = self._slots_of(at)
         cached = self.block_hash[at] != NO_HASH
         code = np.where(cached, np.int8(_CACHED), np.int8(_FREE))
-        gone = at[~cached]
-        self.block_fill[gone] = 0
-        self.slot_token[self._slots_of(gone, mark=False)] = -1
+        self.block_fill[at[~cached]] = 0
+        self.slot_token[slots.reshape(len(at), -1)[~cached].ravel()] = -1
         self.block_ref[at] = 0
         self.block_state[at] = code
         self.slot_state[slots] = np.repeat(code, self.block_size)
         self.slot_owner[slots] = -1
 
-    def _slots_of(self, at: np.ndarray, mark: bool = True) -> np.ndarray:
-        """The slots of blocks ``at``, block by block (``mark``: as touched, with the blocks)."""
+    def _slots_of(self, at: np.ndarray) -> np.ndarray:
+        """The slots of blocks ``at``, block by block, marked as touched with the blocks."""
         bs = self.block_size
-        if mark:
-            self._blocks += _spans(at)
-            self._slots += _spans(at, bs)
+        self._blocks += _spans(at)
+        self._slots += _spans(at, bs)
         return (at[:, None] * bs + np.arange(bs)).ravel()
 
     def _filled(self, b: int, offset: int, tokens: list[int]) -> None:

@@ -110,9 +110,19 @@ class BlockManager:
 
     def slots_for(self, seq: Sequence, start: int, count: int) -> list[int]:
         table, bs = self.tables[seq.seq_id], self.block_size
+        j, off = divmod(start, bs)
         if count == 1:
-            return [table[start // bs] * bs + start % bs]
-        return [table[p // bs] * bs + p % bs for p in range(start, start + count)]
+            return [table[j] * bs + off]
+        # A block at a time: the slots of positions [start, start + count) are runs within blocks.
+        out: list[int] = []
+        left = count
+        while left > 0:
+            base = table[j] * bs
+            n = min(bs - off, left)
+            out.extend(range(base + off, base + off + n))
+            left -= n
+            j, off = j + 1, 0
+        return out
 
     # ------------------------------------------------------------------ admission
     def rejection_reason(self, prompt_len: int, max_tokens: int, output_len: int | None = None) -> str | None:

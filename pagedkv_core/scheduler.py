@@ -112,6 +112,7 @@ class Scheduler:
     # ------------------------------------------------------------------ queues
     def new_sequence(self, request: Request, sample_index: int, token_ids: list[int], fork_into: int = 1) -> Sequence:
         seq = Sequence(next(self._seq_ids), request, sample_index, token_ids, fork_into)
+        seq.stop_at, seq.stop_ids = self._stop_bounds(seq)
         request.seqs.append(seq)
         self.seqs[seq.seq_id] = seq
         return seq
@@ -323,10 +324,11 @@ class Scheduler:
                 seq.token_ids.append(token)
                 sampled(seq.seq_id)
                 generated += 1
-                reason = stop_reason(seq, token)
-                if reason is not None:
-                    finished.append((w.at, seq))
-                    seq.finish_reason = reason
+                if token in seq.stop_ids or len(seq.token_ids) >= seq.stop_at:
+                    reason = stop_reason(seq, token)
+                    if reason is not None:
+                        finished.append((w.at, seq))
+                        seq.finish_reason = reason
                 continue
             samples = [seq] + self._fork(seq, w.num_samples, events)
             for sample, token in zip(samples, tokens):
@@ -339,21 +341,24 @@ class Scheduler:
                     sample.finish_reason = reason
         lane = plan.lane
         if lane.seqs:
-            alloc.write_decodes(lane.slots, [s.token_ids[-1] for s in lane.seqs])  # each one's last token, before its new one
-            for at, seq in zip(lane.at, lane.seqs):
+            seqs = lane.seqs
+            alloc.write_decodes(lane.slots, [s.token_ids[-1] for s in seqs])  # each one's last token, before its new one
+            for at, seq in zip(lane.at, seqs):
                 tokens = get(seq.seq_id)
                 if tokens is None or len(tokens) != 1:
                     raise RuntimeError(f"token source returned {tokens!r} for sequence {seq.seq_id}; expected 1 token(s)")
                 token = int(tokens[0])
                 seq.num_computed += 1
-                seq.token_ids.append(token)
-                touched(seq.request)
-                sampled(seq.seq_id)
-                reason = stop_reason(seq, token)
-                if reason is not None:
-                    finished.append((at, seq))
-                    seq.finish_reason = reason
-            generated += len(lane.seqs)
+                ids = seq.token_ids
+                ids.append(token)
+                if token in seq.stop_ids or len(ids) >= seq.stop_at:
+                    reason = stop_reason(seq, token)
+                    if reason is not None:
+                        finished.append((at, seq))
+                        seq.finish_reason = reason
+            self.touched.update([s.request for s in seqs])
+            self.sampled.update([s.seq_id for s in seqs])
+            generated += len(seqs)
             finished.sort(key=_PLACE)
         for _, seq in finished:
             self.running.remove(seq)
@@ -381,6 +386,19 @@ class Scheduler:
         return children
 
     # ------------------------------------------------------------------ helpers
+    def _stop_bounds(self, seq: Sequence) -> tuple[int, frozenset[int]]:
+        """(the fewest tokens at which a length rule of :meth:`_stop_reason` can end ``seq``, the
+        tokens that can stop it): a token outside the set, short of that length, ends nothing."""
+        sampling, prompt = seq.request.sampling, seq.num_prompt_tokens
+        at = min(prompt + sampling.max_tokens, self.max_model_len)
+        output_len = seq.request.output_len
+        if output_len is not None and output_len < sampling.max_tokens:
+            at = min(at, prompt + output_len)
+        stops = set(sampling.stop_token_ids or ())
+        if self.eos_token_id is not None and not sampling.ignore_eos:
+            stops.add(self.eos_token_id)
+        return at, frozenset(stops)
+
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         request = seq.request
         sampling = request.sampling

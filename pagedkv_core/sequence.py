@@ -50,6 +50,8 @@ class Sequence:
         "fork_into",
         "block_hashes",
         "order",
+        "stop_at",
+        "stop_ids",
     )
 
     def __init__(self, seq_id: int, request: "Request", sample_index: int, token_ids: list[int], fork_into: int = 1):
@@ -64,6 +66,11 @@ class Sequence:
         self.fork_into = fork_into  # >1: the prefill samples this many tokens and forks
         self.block_hashes: list[int] = []  # chained hashes of full blocks (prefix cache keys)
         self.order = (request.index, sample_index)  # FCFS order: earlier = higher priority
+        # What the scheduler's stop check may skip (Scheduler.new_sequence sets them): below
+        # ``stop_at`` tokens no length limit can end the sequence, and only a token in ``stop_ids``
+        # can stop it. 0 here: every token is checked in full.
+        self.stop_at = 0
+        self.stop_ids: frozenset[int] = frozenset()
 
     @property
     def num_tokens(self) -> int:

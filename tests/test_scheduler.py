@@ -303,3 +303,39 @@ def test_victim_is_the_most_recently_admitted_not_the_latest_submitted(preemptio
     assert admitted[:2] == ["early", "late"]
     victims = [e.request_id for s in snaps for e in s.events if e.kind in (PREEMPT_SWAP, PREEMPT_RECOMPUTE)]
     assert victims and victims[0] == "late"
+
+
+def test_the_stop_checks_skipped_are_those_that_could_not_stop():
+    """A sequence's ``stop_at`` and ``stop_ids`` (Scheduler._stop_bounds) let the step skip the full
+    stop check: over random limits (eos or none, ignore_eos, stop ids, answer length, max_tokens and
+    the model's context), at every token the full check finds no reason wherever it is skipped."""
+    import random
+
+    from pagedkv_core.kv.registry import build_allocator
+    from pagedkv_core.scheduler import Scheduler
+    from pagedkv_core.sequence import Request
+
+    rng = random.Random(7)
+    checked = skipped = 0
+    for case in range(300):
+        eos = rng.choice([None, 2, 5])
+        max_model_len = rng.randint(4, 60)
+        config = EngineConfig(pool_slots=256, block_size=4)
+        scheduler = Scheduler(config, build_allocator(config, max_model_len), eos, max_model_len)
+        sampling = SamplingParams(max_tokens=rng.randint(1, 40), ignore_eos=rng.random() < 0.3,
+                                  stop_token_ids=tuple(rng.sample(range(2, 9), rng.randint(0, 2))))
+        prompt = [9] * rng.randint(1, 20)
+        request = Request(f"r{case}", case, prompt, sampling, 0, output_len=rng.choice([None, rng.randint(1, 50)]))
+        seq = scheduler.new_sequence(request, 0, list(prompt))
+        for _ in range(70):
+            token = rng.randint(2, 10)
+            seq.token_ids.append(token)
+            reason = scheduler._stop_reason(seq, token)
+            if token in seq.stop_ids or len(seq.token_ids) >= seq.stop_at:
+                checked += 1
+            else:
+                skipped += 1
+                assert reason is None, (case, len(seq.token_ids), token, reason)
+            if reason is not None:
+                break
+    assert checked >= 300 and skipped > 1000, (checked, skipped)  # every case ends at a full check

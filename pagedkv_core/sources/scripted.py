@@ -55,7 +55,11 @@ def splitmix64_array(x: np.ndarray) -> np.ndarray:
 def scripted_tokens(request_ids: list[str], sample_indices: list[int], positions: list[int]) -> list[int]:
     """:func:`scripted_token` of each ``(request_ids[i], sample_indices[i], positions[i])``, computed
     for all of them at once (a step's plain decodes)."""
-    keys = np.fromiter(map(_request_key, request_ids), dtype=np.uint64, count=len(request_ids))
+    known = _request_keys.get
+    keys = [known(r) for r in request_ids]  # a dict lookup each, a call only for a key not kept
+    if None in keys:
+        keys = [k if k is not None else _request_key(r) for k, r in zip(keys, request_ids)]
+    keys = np.array(keys, dtype=np.uint64)
     x = splitmix64_array(keys + np.array(sample_indices, dtype=np.uint64) * _GOLDEN
                          + (np.array(positions, dtype=np.uint64) << np.uint64(20)))
     return (x % np.uint64(VOCAB_SIZE - FIRST_TOKEN) + np.uint64(FIRST_TOKEN)).tolist()

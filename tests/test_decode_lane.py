@@ -130,6 +130,23 @@ def test_lane_tokens_are_the_scripted_tokens():
                                                         zip(ids, samples, positions)]
 
 
+def test_request_keys_kept_are_bounded_and_a_full_cache_starts_again(monkeypatch):
+    """The scripted source keeps at most MAX_KEPT_KEYS request keys; when full it starts again
+    (the requests running now are kept), and every token stays the same."""
+    from pagedkv_core.sources import scripted
+
+    ids = [f"q{i}" for i in range(50)]
+    positions = list(range(50))
+    expected = scripted_tokens(ids, [0] * 50, positions)
+    monkeypatch.setattr(scripted, "_request_keys", {})
+    monkeypatch.setattr(scripted, "MAX_KEPT_KEYS", 8)
+    for _ in range(3):
+        assert scripted_tokens(ids, [0] * 50, positions) == expected
+        assert [scripted_token(r, 0, p) for r, p in zip(ids, positions)] == expected
+        assert 0 < len(scripted._request_keys) <= 8
+    assert ids[-1] in scripted._request_keys  # the last one asked for is kept
+
+
 def test_a_source_that_overrides_execute_sees_every_sequence():
     seen = []
 

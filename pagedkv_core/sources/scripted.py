@@ -29,14 +29,18 @@ def splitmix64(x: int) -> int:
 
 
 _request_keys: dict[str, int] = {}
+MAX_KEPT_KEYS = 1 << 16
 
 
 def _request_key(request_id: str) -> int:
     key = _request_keys.get(request_id)
     if key is None:
         key = splitmix64(zlib.crc32(request_id.encode("utf-8")) | (len(request_id) << 32))
-        if len(_request_keys) < 1 << 16:
-            _request_keys[request_id] = key
+        if len(_request_keys) >= MAX_KEPT_KEYS:
+            # Full: start again, so that the requests running now are the ones kept (a log of a
+            # million requests would otherwise compute every later request's key at every step).
+            _request_keys.clear()
+        _request_keys[request_id] = key
     return key
 
 

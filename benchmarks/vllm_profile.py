@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -68,10 +69,33 @@ def perf_unusable() -> str | None:
     return None
 
 
-def start_recording(pids: list[int], path: Path, hz: int) -> subprocess.Popen:
-    proc = subprocess.Popen(["perf", "record", "-q", "-F", str(hz), "-o", str(path), "-p", ",".join(map(str, pids))],
+def start_recording(pids: list[int], path: Path, hz: int, bound_s: float = 120.0) -> subprocess.Popen:
+    """``perf record`` of ``pids`` into ``path``, started with its events off and returned once it
+    has acknowledged turning them on (its ``--control`` fifos): the work that follows is sampled
+    from its start, however long perf takes to attach."""
+    ctl, ack = path.with_suffix(".ctl"), path.with_suffix(".ack")
+    os.mkfifo(ctl)
+    os.mkfifo(ack)
+    proc = subprocess.Popen(["perf", "record", "-q", "-D", "-1", "--control", f"fifo:{ctl},{ack}", "-F", str(hz),
+                             "-o", str(path), "-p", ",".join(map(str, pids))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # perf attaches before the work starts
+    answer: list[str] = []
+
+    def enable() -> None:  # each open waits for perf to open the other end
+        with open(ctl, "w") as c, open(ack) as a:
+            c.write("enable\n")
+            c.flush()
+            answer.append(a.readline())
+
+    waiter = threading.Thread(target=enable, daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + bound_s
+    while waiter.is_alive() and proc.poll() is None and time.monotonic() < deadline:
+        waiter.join(0.1)
+    if answer != ["ack\n"]:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"perf record did not start sampling (exit code {proc.returncode}, answer {answer!r})")
     return proc
 
 
@@ -142,19 +166,12 @@ def run(hz: int = DEFAULT_HZ) -> dict:
             for side in ("vllm", "pagedkv"):
                 if side == "vllm":
                     names = {pid: name for pid, (name, _) in vllm_peer.group_cpu_by_process(server.proc.pid).items()}
-                    vllm_peer.reset_prefix_cache(server.url)
                 else:
                     names = {os.getpid(): "pagedkv"}
                 recorder = start_recording(sorted(names), Path(d) / f"{side}.data", hz)
-                t0 = time.perf_counter()
-                if side == "vllm":
-                    vllm_peer.complete_all(server.url, ids, MAX_NEW_TOKENS)
-                else:
-                    run_engine(llm, ids, MAX_NEW_TOKENS, "paged", **engine_cfg)
-                wall = time.perf_counter() - t0
+                wall = sides[side]()["wall_s"]  # the same run as above, now under perf
                 stop_recording(recorder)
-                profile[side] = {"wall_s": round(wall, 3),
-                                 "processes": samples_by_process(Path(d) / f"{side}.data", names, hz)}
+                profile[side] = {"wall_s": wall, "processes": samples_by_process(Path(d) / f"{side}.data", names, hz)}
                 print(f"  profiled {side}: {wall:.2f} s", flush=True)
     finally:
         server.stop()

@@ -50,3 +50,24 @@ def test_without_vllm_it_says_why_and_writes_nothing(monkeypatch, capsys, tmp_pa
     assert vllm_profile.main(["--out-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == "vllm-profile skipped: .venv-vllm is missing: make vllm-setup\n"
     assert not list(tmp_path.iterdir())
+
+
+def test_a_recording_samples_the_work_from_its_start(tmp_path):
+    """start_recording returns once perf has turned its events on: a process that starts its loop
+    only after that is sampled, and only it; a process that does not exist is an error, not a wait."""
+    from benchmarks.vllm_profile import start_recording, stop_recording
+
+    why = perf_unusable()
+    if why:
+        pytest.skip(why)
+    child = subprocess.Popen([sys.executable, "-c", "import sys\nsys.stdin.readline()\nx = 0\nfor i in range(4_000_000): x += i"],
+                             stdin=subprocess.PIPE, text=True)
+    recorder = start_recording([child.pid], tmp_path / "loop.data", 499)
+    child.communicate("go\n", timeout=600)  # the loop starts now and runs to its end
+    stop_recording(recorder)
+    text = subprocess.run(["perf", "script", "-i", str(tmp_path / "loop.data"), "-F", "pid,ip,dso"], capture_output=True,
+                          text=True, check=True).stdout
+    counts = count_samples(text)
+    assert {pid for pid, _ in counts} == {child.pid} and sum(counts.values()) > 0
+    with pytest.raises(RuntimeError, match="did not start sampling"):
+        start_recording([2**22 + 12345], tmp_path / "none.data", 499)

@@ -41,7 +41,7 @@ BENCHMARKS = {
     "memory": "peak RSS of LLM.generate in a fresh process, 2,048-slot pool",
     "scale": "the Azure request log into 65,536 to 1,048,576 slots: recording speed, peak RSS, trace size, scrub latency",
     "roofline": "CPU decode step at batch 16/32, fp32 and bf16, against the core's matmul peak and memory roofline",
-    "playback": "server time of one playback step of the Reserve-or-page page (2,048-slot pair of heatmaps)",
+    "playback": "server time of one playback step's figures on the Reserve-or-page page (two 2,048-slot pools, event strip, curves)",
     "live": "the real-model Reserve-or-page pair in Chromium: Play to first frame, steps/s with 1 and 3 sessions",
     "prefix-capacity": "Mooncake's conversation trace: prefix-cache hit rate against pool size, LRU and Belady, "
                        "beside the ideal replay and the paper's Figure 9",

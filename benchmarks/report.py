@@ -184,7 +184,8 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
         return rows
     if name == "playback":
         t = r["targets"][0]
-        rows.append(("playback: server time of one step of *Reserve or page*, 2,048-slot pair of heatmaps",
+        rows.append(("playback: server time of one step's figures on *Reserve or page* (a 2,048-slot pair of heatmaps, "
+                     "the event strip and the curves, as sent)",
                      f"{r['median_ms']:.0f} ms median (p90 {r['p90_ms']:.0f} ms)", "< 150 ms", _verdict(t["pass"])))
         return rows
     if name.startswith("gpu"):
@@ -331,8 +332,9 @@ def _notes(name: str, r: dict) -> str | None:
                 f"CPU cost gives {c['steps_per_s_if_cores_idle_browser_elsewhere']} steps/s on these two cores"
                 + (f" ({multi['cpu']['steps_per_s_if_cores_idle_browser_elsewhere']} steps/s in all with {multi['sessions']} sessions; "
                    f"{multi['steps_per_s_min']} each with their browsers here)" if multi.get("cpu") else "")
-                + ". Meeting 4 steps/s with the browser on the same two cores needs a cheaper frame (fewer charts redrawn "
-                  "per tick), not a faster engine. See `benchmarks/results/live.json`")
+                + ". The figures a frame builds cost the server about a quarter of what they did (2026-12-04: built "
+                  "without plotly's validation); what is left is the two forwards a step and the browser's drawing, "
+                  "which share the two cores. See `benchmarks/results/live.json`")
     if name == "simulator":
         paged = next((c for c in r.get("closed_loop", []) if c.get("allocator") == "paged"), {})
         runs = paged.get("repeats_steps_per_s") or []

@@ -108,3 +108,38 @@ def test_the_same_figure_again_is_the_same_message_and_a_changed_one_is_not():
     assert "full" in message(state, heat([[1, 1]], "step 2"), {}, URL, fresh=True)  # a full run: a keyframe
     live_chart.forget(state)  # the browser mounted the chart afresh and asked for it
     assert "full" in message(state, heat([[1, 1]], "step 2"), {}, URL, fresh=False)
+
+
+def plotly_json(fig) -> dict:
+    """What plotly's own path makes of ``fig`` (what figure_json gave before its walk), themed."""
+    import plotly.io as pio
+
+    out = json.loads(pio.to_json(fig, validate=False))
+    out.pop("frames", None)
+    out["layout"]["template"] = live_chart.THEME
+    return out
+
+
+def test_figure_json_is_plotlys_own_json_on_every_chart_a_page_plays():
+    """figure_json walks the figure itself instead of plotly's encode-decode round trip: the same
+    JSON, on the pool heatmaps, the event strip and the curves of a playing page, and on the values
+    plotly treats specially (NaN, numpy scalars, big ints, ranges, empty and string arrays)."""
+    from ui.figures import step_curves
+    from ui.lessons import reserve_or_page as lesson
+    from ui.pool_cells import snapshot_heatmap
+    from ui.run_events import event_strip
+
+    runs = lesson.guided_runs()
+    figs = [snapshot_heatmap(r.at(s), r.request_ids, "pool", grid_block=16)[0] for r in runs for s in (0, 7, 25)]
+    figs.append(event_strip(runs, max(r.num_steps for r in runs), 7))
+    figs.append(step_curves(range(30), lesson.utilization_series(runs, None), "utilization", "share", current_step=7))
+    odd = go.Figure([
+        go.Scatter(x=np.arange(5, dtype=np.int64) * 10**10, y=[1.0, float("nan"), np.float32(2.5), float("inf"), None]),
+        go.Bar(x=np.array(["a", "b"]), y=np.array([], dtype=np.int64), text=[np.int64(3), np.bool_(True)]),
+        go.Heatmap(z=np.arange(6, dtype=np.uint64).reshape(2, 3), customdata=np.zeros((2, 3, 2))),
+    ], layout=dict(xaxis=dict(range=np.array([0.5, 4.5])), yaxis=dict(range=[np.float64(-1), np.nan])))
+    figs.append(odd)
+    for fig in figs:
+        assert figure_json(fig) == plotly_json(fig)
+    dated = go.Figure(go.Scatter(x=[__import__("datetime").date(2026, 12, 4)], y=[1]))
+    assert figure_json(dated) == plotly_json(dated)  # plotly's own path, for a value the walk does not know

@@ -384,6 +384,35 @@ def test_contiguous_hover_gives_the_reservation():
     assert "allocated, holding nothing yet" in text
 
 
+@pytest.mark.parametrize("case", ["per-slot paged, words", "per-slot contiguous", "aggregate", "window", "free"])
+def test_the_unvalidated_figure_is_what_validation_makes_of_it(case):
+    """pool_heatmap builds its figure as plotly.js reads it, without plotly's validation (the most of
+    a frame's figure time): validating the same figure must change nothing that the browser gets."""
+    import plotly.graph_objects as go
+
+    from ui.pool_cells import free_pool_heatmap
+
+    if case == "per-slot paged, words":
+        snap, ids = engine_snapshot("shared_preamble", 2048, "paged", 30)
+        fig = pool_heatmap(pool_cells(snap.slot_state, snap.slot_owner, snap.block_size), "pool", ids,
+                           token_text=lambda t: f"<w{t}>", snapshot=snap)
+        assert any(t.type == "scattergl" for t in fig.data) and fig.layout.shapes  # the dots and block lines
+    elif case == "per-slot contiguous":
+        snap, ids = engine_snapshot("explainer40", 2048, "contiguous", 60)
+        fig = pool_heatmap(pool_cells(snap.slot_state, snap.slot_owner, 16), "pool", ids, snapshot=snap)
+    elif case == "aggregate":
+        state, owner = synthetic_paged(1 << 20)
+        fig = pool_heatmap(pool_cells(state, owner, 16), "pool", [])
+    elif case == "window":
+        state, owner = noise(1 << 20)
+        fig = pool_heatmap(pool_cells(state, owner, 16, window=zoom_windows(1 << 20, 16)[3]), "pool",
+                           [f"r{i}" for i in range(60_000)], token_text=str)
+    else:
+        fig = free_pool_heatmap(2048, 16, "all free")[0]
+    sent = json.loads(fig.to_json())
+    assert sent == json.loads(go.Figure(fig.to_dict()).to_json())  # go.Figure(dict) validates every key and value
+
+
 @pytest.mark.browser
 def test_hover_in_a_real_browser(tmp_path):
     """plotly.js itself fills the templates from the binary arrays (column-form heatmaps)."""

@@ -49,18 +49,38 @@ def legend_below(fig: go.Figure, rows: int = 1) -> go.Figure:
     return fig
 
 
+def vline(x, color: str) -> dict:
+    """A dotted vertical line at ``x`` across the plot, as ``fig.add_vline(x=x, line_dash="dot",
+    line_color=color)`` adds it."""
+    return {"type": "line", "x0": x, "x1": x, "xref": "x", "y0": 0, "y1": 1, "yref": "y domain",
+            "line": {"dash": "dot", "color": color}}
+
+
 def step_curves(steps, series: dict[str, list], title: str, y_title: str, *, percent: bool = True,
                 current_step: int | None = None, height: int = 300) -> go.Figure:
-    """Several named curves over the engine steps, on one chart."""
-    fig = go.Figure()
+    """Several named curves over the engine steps, on one chart.
+
+    Built as plotly.js reads it and not validated (``go.Figure(..., _validate=False)``): a playing page
+    builds one every tick, and validating its lists took most of that (every point
+    checked). Every key is plotly.js's own and nothing is None; ``tests/test_figures.py`` checks the
+    figure, and the callers' updates to it, against a validated copy."""
+    xs = list(steps)
+    traces = []
     for name, ys in series.items():
-        fig.add_trace(go.Scatter(x=list(steps), y=list(ys), mode="lines", name=name,
-                                 line=dict(color=series_color(name), width=2)))
+        color = series_color(name)
+        traces.append({"type": "scatter", "x": list(xs), "y": list(ys), "mode": "lines", "name": name,
+                       "line": {"color": color, "width": 2} if color else {"width": 2}})
+    top, bottom = 40, AXIS_TITLE_PX + LEGEND_ROW_PX + 6  # the legend under the plot, as legend_below puts it
+    yaxis = {"title": {"text": y_title}, "rangemode": "tozero"}
+    if percent:
+        yaxis["tickformat"] = ".0%"
+    layout = {
+        "title": {"text": title, "x": 0.0, "font": {"size": 15}}, "height": height,
+        "margin": {"l": 50, "r": 10, "t": top, "b": bottom},
+        "legend": {"orientation": "h", "x": 0.0, "xanchor": "left", "yanchor": "top",
+                   "y": -AXIS_TITLE_PX / max(40, height - top - bottom)},
+        "xaxis": {"title": {"text": "engine step"}}, "yaxis": yaxis,
+    }
     if current_step is not None:
-        fig.add_vline(x=current_step, line_dash="dot", line_color="#555")
-    fig.update_layout(title=dict(text=title, x=0.0, font=dict(size=15)), height=height,
-                      margin=dict(l=50, r=10, t=40, b=40))
-    legend_below(fig)
-    fig.update_xaxes(title_text="engine step")
-    fig.update_yaxes(title_text=y_title, tickformat=".0%" if percent else None, rangemode="tozero")
-    return fig
+        layout["shapes"] = [vline(current_step, "#555")]
+    return go.Figure(data=traces, layout=layout, _validate=False)

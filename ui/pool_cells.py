@@ -518,7 +518,8 @@ def _trace(layer: _Layer, codes: np.ndarray, width: int, rows: int) -> go.Heatma
     if layer.custom:
         cols = np.stack([np.asarray(c, dtype=np.int64) for c in layer.custom], axis=1)
         custom = _small(np.concatenate([cols, np.zeros((pad, cols.shape[1]), dtype=np.int64)]))
-    return go.Heatmap(
+    return dict(
+        type="heatmap",
         x=_small(np.concatenate([x, miss_x, np.full(len(miss_y), width)])),
         y=_small(np.concatenate([y, np.full(len(miss_x), rows), miss_y])),
         z=padded(codes[m]), text=padded(layer.text), hovertext=padded(layer.hovertext), customdata=custom,
@@ -560,7 +561,7 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
 
     shared = np.flatnonzero(cells.counts[:, SlotState.SHARED] > 0)
     if len(shared):
-        traces.append(go.Scattergl(x=_small(shared % width), y=_small(shared // width), mode="markers",
+        traces.append(dict(type="scattergl", x=_small(shared % width), y=_small(shared // width), mode="markers",
                                    hoverinfo="skip", showlegend=False,
                                    marker=dict(symbol="circle", size=4, color=SHARED_DOT_COLOR)))
     bs = cells.block_size
@@ -577,17 +578,21 @@ def pool_heatmap(cells: PoolCells, title: str, request_ids, *, token_text=None, 
         in_blocks = f" ({n_blocks} block{'s' if n_blocks != 1 else ''})" if blocks and cells.block_size > 1 and n_blocks else ""
         x_title = f"{width} cells a row; a cell = {spc:,} slots{in_blocks}"
     ticks = np.unique(np.linspace(0, rows - 1, num=min(rows, 6)).round().astype(int)).tolist()
-    # One layout, given whole to the constructor: plotly validates it once (update_layout and
-    # update_*axes each validate again, which took most of the figure's time at 1M slots).
+    # The figure is built as plotly.js reads it and not validated: validating it (each trace's arrays
+    # copied and checked, the traces deep-copied into the figure) took about 55% of a live frame's
+    # figure (13.4 -> 6.1 ms a pool of 2,048 slots), and a playing classroom draws one per session and
+    # tick. So every key here is plotly.js's own (``font=dict(size=12)``, not the ``font_size``
+    # shorthand that only validation expands), and empty lists are left out, as validation leaves them;
+    # ``tests/test_pool_cells.py`` checks the figure against a validated copy of itself.
     layout = dict(
         title=dict(text=title, x=0.0, font=dict(size=15)), height=height, margin=dict(l=70, r=10, t=40, b=30),
-        plot_bgcolor="white", hoverlabel=dict(font_size=12), shapes=lines,
+        plot_bgcolor="white", hoverlabel=dict(font=dict(size=12)), **({"shapes": lines} if lines else {}),
         coloraxis=dict(colorscale=colorscale(), cmin=-0.5, cmax=NUM_CODES - 0.5, showscale=False),
         xaxis=dict(title=dict(text=x_title), showgrid=False, zeroline=False, range=[-0.5, width - 0.5]),
         yaxis=dict(title=dict(text="first slot of the row"), showgrid=False, zeroline=False, range=[rows - 0.5, -0.5],
                    tickmode="array", tickvals=ticks, ticktext=[f"{cells.lo + r * width * spc:,}" for r in ticks]),
     )
-    return go.Figure(data=traces, layout=layout)
+    return go.Figure(data=traces, layout=layout, _validate=False)
 
 
 # ---------------------------------------------------------------------------------------- snapshots

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from pagedkv_core.events import ADMIT, CACHE_HIT, COW, FINISH, PREEMPT_RECOMPUTE, PREEMPT_SWAP, REJECT, SWAP_IN
-from ui.figures import series_color
+from ui.figures import series_color, vline
 from ui.pool_cells import REQUEST_COLORS
 
 EVENT_GROUPS: dict[str, tuple[str, ...]] = {
@@ -90,9 +90,12 @@ def run_color(run, k: int) -> str:
 
 def event_strip(runs: Sequence, num_steps: int, current: int | None = None) -> go.Figure:
     """A thin chart: one row per event group that occurs, a tick at every step where it does
-    (one colour per run), and the current step as a dotted line."""
+    (one colour per run), and the current step as a dotted line.
+
+    Built as plotly.js reads it and not validated, as :func:`ui.figures.step_curves` is (a playing page
+    draws one every tick); ``tests/test_figures.py`` checks it against a validated copy."""
     rows = [g for g in EVENT_GROUPS if any(index(r).steps[g] for r in runs)]
-    fig = go.Figure()
+    traces = []
     for k, run in enumerate(runs):
         idx = index(run)
         xs, ys = [], []
@@ -100,20 +103,24 @@ def event_strip(runs: Sequence, num_steps: int, current: int | None = None) -> g
             xs += idx.steps[g]
             ys += [SHORT_NAMES[g]] * len(idx.steps[g])
         if xs:
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=run.label,
-                                     marker=dict(symbol="line-ns", size=11, line=dict(width=2, color=run_color(run, k))),
-                                     hovertemplate=f"{run.label}: %{{y}} at step %{{x}}<extra></extra>"))
+            traces.append({"type": "scatter", "x": xs, "y": ys, "mode": "markers", "name": run.label,
+                           "marker": {"symbol": "line-ns", "size": 11, "line": {"width": 2, "color": run_color(run, k)}},
+                           "hovertemplate": f"{run.label}: %{{y}} at step %{{x}}<extra></extra>"})
+    yaxis = {"categoryorder": "array", "categoryarray": [SHORT_NAMES[g] for g in reversed(rows)], "showgrid": True,
+             "gridcolor": "#f1f5f9", "zeroline": False}
+    layout = {
+        "height": 46 + 19 * max(1, len(rows)), "margin": {"l": 100, "r": 10, "t": 4, "b": 26},
+        "plot_bgcolor": "white", "showlegend": len(runs) > 1,
+        "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom", "font": {"size": 11}},
+        "font": {"size": 11},
+        "xaxis": {"range": [-0.5, max(num_steps, 1) - 0.5], "showgrid": False, "zeroline": False},
+        "yaxis": yaxis,
+    }
     if current is not None:
-        fig.add_vline(x=current, line_dash="dot", line_color="#111827")
-    height = 46 + 19 * max(1, len(rows))
-    fig.update_layout(height=height, margin=dict(l=100, r=10, t=4, b=26), plot_bgcolor="white", showlegend=len(runs) > 1,
-                      legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom", font=dict(size=11)),
-                      font=dict(size=11))
-    fig.update_xaxes(range=[-0.5, max(num_steps, 1) - 0.5], showgrid=False, zeroline=False, title=None)
-    fig.update_yaxes(categoryorder="array", categoryarray=[SHORT_NAMES[g] for g in reversed(rows)], showgrid=True,
-                     gridcolor="#f1f5f9", zeroline=False)
+        layout["shapes"] = [vline(current, "#111827")]
     if not rows:
-        fig.add_annotation(text="no admissions, finishes, preemptions, swaps, copies, cache hits or rejections yet",
-                           x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=11, color="#6b7280"))
-        fig.update_yaxes(visible=False)
-    return fig
+        layout["annotations"] = [{"text": "no admissions, finishes, preemptions, swaps, copies, cache hits or rejections yet",
+                                  "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper", "showarrow": False,
+                                  "font": {"size": 11, "color": "#6b7280"}}]
+        yaxis["visible"] = False
+    return go.Figure(data=traces, layout=layout, _validate=False)

@@ -497,7 +497,7 @@ def _aggregate_layers(cells: PoolCells, detail: bool, blocks: bool = True) -> li
 GAP_COLUMNS = 96  # up to this many cells a row, a 1-pixel gap parts the cells; wider grids have none (it would eat them)
 
 
-def _trace(layer: _Layer, codes: np.ndarray, width: int, rows: int) -> go.Heatmap:
+def _trace(layer: _Layer, codes: np.ndarray, width: int, rows: int) -> dict:
     """A column-form heatmap of the layer's cells, padded with one off-screen point (x = width or
     y = rows) per grid column and row it lacks, so that plotly lays it out on the common grid."""
     m = layer.members

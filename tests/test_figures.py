@@ -1,11 +1,12 @@
 """The figures a playing page rebuilds every tick are built as plotly.js reads them, without plotly's
-validation (ui/figures.py step_curves, ui/run_events.py event_strip; the pool heatmap's own check is in
-test_pool_cells.py): validating a copy must change nothing the browser gets, also after the updates
+validation (ui/figures.py step_curves, ui/run_events.py event_strip, ui/lesson_figures.py status_timeline and
+lines; the pool heatmap's own check is in test_pool_cells.py): validating a copy must change nothing the browser gets, also after the updates
 the pages make to them."""
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import plotly.graph_objects as go
 import pytest
 
@@ -52,3 +53,62 @@ def test_event_strip_is_what_validation_makes_of_it(runs, current):
         assert_as_validated(fig)
         assert len(fig.layout.shapes) == (current is not None)
         assert bool(fig.layout.annotations) == (not shown)  # "no admissions ... yet"
+
+
+@pytest.mark.parametrize("kw", [{}, {"upto": 12}, {"current_step": 30, "upto": 30, "preemptions": "all"}])
+def test_status_timeline_is_what_validation_makes_of_it(runs, kw):
+    from ui.lesson_figures import status_timeline
+
+    run = runs[0]  # the contiguous side: requests wait, run and finish
+    if kw.get("preemptions") == "all":
+        kw = {**kw, "preemptions": [(3, run.request_ids[0]), (9, run.request_ids[2])]}
+    fig = status_timeline(run, list(run.request_ids), "each request's state", **kw)
+    assert_as_validated(fig)
+    z = np.asarray(fig.data[0].z, dtype=float)
+    assert z.shape == (len(run.request_ids), run.num_steps)
+    if "upto" in kw:
+        assert np.isnan(z[:, kw["upto"] + 1:]).all()  # nothing drawn past the step shown
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"percent": True, "current_x": 4, "markers": False, "height": 260},
+    {"colors": {"a": "#111111"}, "dash": {"b": "dash"}, "hline": (2.5, "the reserve"), "current_x": 2, "log_x": True,
+     "point_labels": {"a": lambda v: f"{v:.0f}"}},
+    {"log_x": True, "x_ticks": [1, 4], "hline": (1, "one")},
+])
+def test_lines_is_what_validation_makes_of_it(kw):
+    from ui.lesson_figures import lines
+
+    for series in ({"a": [1, 2, 3]}, {"a": [1, 2, 3], "b": [3, None, 1]}):
+        fig = lines([1, 2, 4], series, "title", "x", "y", **kw)
+        assert_as_validated(fig)
+        fig.update_yaxes(range=[0, 4])  # what the block-size lesson does to it
+        assert_as_validated(fig)
+        assert len(fig.layout.shapes) == ("hline" in kw) + ("current_x" in kw)
+
+
+def test_free_blocks_follow_each_steps_snapshot(runs):
+    """The pressure lesson's free blocks come from the recorded usage, as from each step's snapshot."""
+    from ui.lessons.pressure_figures import free_figure
+
+    run = runs[1]
+    want = [s.num_blocks - round(s.metrics.kv_usage * s.num_blocks) for s in map(run.at, range(run.num_steps))]
+    fig = free_figure(run, "swap", 5, 2)
+    assert list(fig.data[0].y) == want
+    assert_as_validated(fig)
+
+
+def test_a_slide_enlarges_them_as_it_enlarges_validated_ones(runs):
+    """presenter.enlarge restyles with plotly's shorthand (title_font, legend_font_size): the same on
+    these figures as on validated copies of them."""
+    from ui import presenter
+    from ui.lesson_figures import lines
+    from ui.pool_cells import snapshot_heatmap
+
+    n = max(r.num_steps for r in runs)
+    for fig in (step_curves(range(n), lesson.utilization_series(runs, None), "t", "y", current_step=4),
+                event_strip(runs, n, 3), lines([1, 2, 4], {"a": [1, 2, 3], "b": [1, 1, 1]}, "T", "x", "y", hline=(2, "h")),
+                snapshot_heatmap(runs[1].at(9), runs[1].request_ids, "pool")[0]):
+        slide = presenter.enlarge(fig)
+        assert sent(slide) == sent(presenter.enlarge(go.Figure(fig.to_dict())))
+        assert slide.layout.title.font.size == presenter.SLIDE_FONT + 4

@@ -8,18 +8,22 @@ import numpy as np
 import plotly.graph_objects as go
 
 from pagedkv_core.sequence import SequenceStatus
+from ui.figures import vline
 from ui.pool_cells import REQUEST_COLORS
 
 FONT = dict(size=13)
 REF_COLORS = ["#9ecae1", "#fdae6b", "#e6550d", "#a63603", "#7f2704", "#4a1402"]  # ref 1, 2, 3, 4, 5, 6+
 
 
+def _layout_dict(title: str, height: int, *, legend: bool = False, margin=None) -> dict:
+    """The layout every figure here shares, as plotly.js reads it."""
+    return {"title": {"text": title, "x": 0.0, "font": {"size": 15}}, "height": height, "font": dict(FONT),
+            "margin": dict(margin or dict(l=60, r=20, t=50, b=50)), "plot_bgcolor": "white", "showlegend": legend,
+            "legend": {"orientation": "h", "y": -0.22, "x": 0}}
+
+
 def _layout(fig: go.Figure, title: str, height: int, *, legend: bool = False, margin=None) -> go.Figure:
-    fig.update_layout(
-        title=dict(text=title, x=0.0, font=dict(size=15)), height=height, font=FONT,
-        margin=margin or dict(l=60, r=20, t=50, b=50), plot_bgcolor="white", showlegend=legend,
-        legend=dict(orientation="h", y=-0.22, x=0),
-    )
+    fig.update_layout(**_layout_dict(title, height, legend=legend, margin=margin))
     return fig
 
 
@@ -180,7 +184,10 @@ def status_timeline(run, labels: list[str], title: str, *, current_step=None, pr
     """Per request of ``run`` (rows, ``run.request_ids``) and step (columns, ``run.at``): waiting,
     running, swapped or preempted; finished is blank. ``preemptions``: (step, request id) pairs, drawn as ✕.
     ``upto``: draw the steps up to this one only (the axis still spans the run), so that a page at
-    step ``upto`` does not show what comes next."""
+    step ``upto`` does not show what comes next.
+
+    Built as plotly.js reads it and not validated (:func:`ui.figures.step_curves` says why: a playing
+    page builds one every tick); ``tests/test_figures.py`` checks it against a validated copy."""
     request_ids = run.request_ids
     steps = run.num_steps
     drawn = steps if upto is None else max(0, min(steps, upto + 1))
@@ -194,7 +201,6 @@ def status_timeline(run, labels: list[str], title: str, *, current_step=None, pr
                 st_code = int(snap.seq_status[i])
                 prev = codes[r, s]
                 codes[r, s] = st_code if np.isnan(prev) else most_advanced([st_code, int(prev)])
-    fig = go.Figure()
     keys = list(STATUS_STYLE)
     scale = []
     for i, k in enumerate(keys):
@@ -202,60 +208,75 @@ def status_timeline(run, labels: list[str], title: str, *, current_step=None, pr
     z = np.full(codes.shape, np.nan)
     for i, k in enumerate(keys):
         z[codes == k] = i
-    hover = np.empty((n, steps), dtype=object)
-    for r in range(n):
-        for s in range(steps):
-            c = codes[r, s]
-            hover[r, s] = f"{labels[r]} at step {s}: " + ("not yet" if s >= drawn else "finished or not arrived"
-                                                          if np.isnan(c) else STATUS_STYLE[int(c)][0])
-    fig.add_trace(go.Heatmap(z=z, zmin=-0.5, zmax=len(keys) - 0.5, colorscale=scale, showscale=False, xgap=1, ygap=4,
-                             hovertext=hover, hoverinfo="text"))
+    hover = [[f"{labels[r]} at step {s}: " + ("not yet" if s >= drawn else "finished or not arrived"
+                                              if np.isnan(codes[r, s]) else STATUS_STYLE[int(codes[r, s])][0])
+              for s in range(steps)] for r in range(n)]
+    traces = [{"type": "heatmap", "z": z, "zmin": -0.5, "zmax": len(keys) - 0.5, "colorscale": scale, "showscale": False,
+               "xgap": 1, "ygap": 4, "hovertext": hover, "hoverinfo": "text"}]
     for k in keys:  # legend entries
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=STATUS_STYLE[k][0],
-                                 marker=dict(symbol="square", size=12, color=STATUS_STYLE[k][1])))
+        traces.append({"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": STATUS_STYLE[k][0],
+                       "marker": {"symbol": "square", "size": 12, "color": STATUS_STYLE[k][1]}})
     if preemptions:
-        xs = [s for s, _ in preemptions]
-        ys = [request_ids.index(rid) for _, rid in preemptions]
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="preempted here",
-                                 marker=dict(symbol="x", size=13, color="#111827", line=dict(width=1, color="white"))))
+        traces.append({"type": "scatter", "x": [s for s, _ in preemptions],
+                       "y": [request_ids.index(rid) for _, rid in preemptions], "mode": "markers", "name": "preempted here",
+                       "marker": {"symbol": "x", "size": 13, "color": "#111827", "line": {"width": 1, "color": "white"}}})
+    layout = _layout_dict(title, 150 + 30 * n, legend=True, margin=dict(l=70, r=20, t=50, b=90))
+    layout["xaxis"] = {"title": {"text": "engine step"}, "showgrid": False, "zeroline": False, "range": [-0.5, steps - 0.5]}
+    layout["yaxis"] = {"tickvals": list(range(n)), "ticktext": list(labels), "autorange": "reversed", "showgrid": False,
+                       "zeroline": False}
     if current_step is not None:
-        fig.add_vline(x=current_step, line_dash="dot", line_color="#111827")
-    fig.update_xaxes(title_text="engine step", showgrid=False, zeroline=False, range=[-0.5, steps - 0.5])
-    fig.update_yaxes(tickvals=list(range(n)), ticktext=labels, autorange="reversed", showgrid=False, zeroline=False)
-    return _layout(fig, title, 150 + 30 * n, legend=True, margin=dict(l=70, r=20, t=50, b=90))
+        layout["shapes"] = [vline(current_step, "#111827")]
+    return go.Figure(data=traces, layout=layout, _validate=False)
 
 
 def lines(x, series: dict[str, list], title: str, x_title: str, y_title: str, *, colors: dict | None = None,
           percent: bool = False, hline: tuple[float, str] | None = None, current_x=None, height: int = 300,
           log_x: bool = False, x_ticks=None, dash: dict | None = None, markers: bool = True,
           point_labels: dict | None = None) -> go.Figure:
-    """Curves over x. ``point_labels``: series name -> format function, to print each point's value."""
-    fig = go.Figure()
+    """Curves over x. ``point_labels``: series name -> format function, to print each point's value.
+    Built as plotly.js reads it and not validated, as :func:`status_timeline` is."""
     xs = [math.log2(v) for v in x] if log_x else list(x)
+    traces = []
     for name, ys in series.items():
         fmt = (point_labels or {}).get(name)
-        mode = ("lines+markers" if markers else "lines") + ("+text" if fmt else "")
-        fig.add_trace(go.Scatter(x=xs, y=list(ys), name=name, mode=mode,
-                                 line=dict(color=(colors or {}).get(name), width=2, dash=(dash or {}).get(name)),
-                                 marker=dict(size=7), text=[fmt(y) for y in ys] if fmt else None,
-                                 textposition=["bottom right"] * (len(xs) - 1) + ["bottom left"],
-                                 textfont=dict(size=11)))
-    if hline is not None:
-        fig.add_hline(y=hline[0], line_dash="dash", line_color="#6b7280", annotation_text=hline[1],
-                      annotation_position="top left", annotation_font=dict(size=12, color="#374151"),
-                      annotation_bgcolor="rgba(255,255,255,0.85)")
-    if current_x is not None:
-        fig.add_vline(x=math.log2(current_x) if log_x else current_x, line_dash="dot", line_color="#111827")
-    fig.update_xaxes(title_text=x_title)
+        line = {"width": 2}
+        color, line_dash = (colors or {}).get(name), (dash or {}).get(name)
+        if color is not None:
+            line["color"] = color
+        if line_dash is not None:
+            line["dash"] = line_dash
+        ys = list(ys)
+        trace = {"type": "scatter", "x": list(xs), "y": ys, "name": name,
+                 "mode": ("lines+markers" if markers else "lines") + ("+text" if fmt else ""), "line": line,
+                 "marker": {"size": 7}, "textposition": ["bottom right"] * (len(xs) - 1) + ["bottom left"],
+                 "textfont": {"size": 11}}
+        if fmt:
+            trace["text"] = [fmt(y) for y in ys]
+        traces.append(trace)
+    many = len(series) > 1
+    layout = _layout_dict(title, height, legend=many, margin=dict(l=65, r=20, t=50, b=100 if many else 60))
+    if many:  # the legend sits under the x-axis title, whatever the height
+        layout["legend"] = {"orientation": "h", "y": -64 / (height - 150), "x": 0, "yanchor": "top", "xanchor": "left"}
+    xaxis = {"title": {"text": x_title}}
     if log_x:  # powers of two, evenly spaced, labelled with their values
         ticks = list(x_ticks or x)
-        fig.update_xaxes(tickvals=[math.log2(v) for v in ticks], ticktext=[str(v) for v in ticks])
-    fig.update_yaxes(title_text=y_title, rangemode="tozero", tickformat=".0%" if percent else None)
-    many = len(series) > 1
-    fig = _layout(fig, title, height, legend=many, margin=dict(l=65, r=20, t=50, b=100 if many else 60))
-    if many:  # the legend sits under the x-axis title, whatever the height
-        fig.update_layout(legend=dict(orientation="h", y=-64 / (height - 150), yanchor="top", x=0, xanchor="left"))
-    return fig
+        xaxis.update(tickvals=[math.log2(v) for v in ticks], ticktext=[str(v) for v in ticks])
+    yaxis = {"title": {"text": y_title}, "rangemode": "tozero"}
+    if percent:
+        yaxis["tickformat"] = ".0%"
+    layout.update(xaxis=xaxis, yaxis=yaxis)
+    shapes = []
+    if hline is not None:  # as fig.add_hline(..., annotation_position="top left") draws it
+        shapes.append({"type": "line", "x0": 0, "x1": 1, "xref": "x domain", "y0": hline[0], "y1": hline[0], "yref": "y",
+                       "line": {"color": "#6b7280", "dash": "dash"}})
+        layout["annotations"] = [{"text": hline[1], "x": 0, "xanchor": "left", "xref": "x domain", "y": hline[0],
+                                  "yanchor": "bottom", "yref": "y", "showarrow": False,
+                                  "bgcolor": "rgba(255,255,255,0.85)", "font": {"size": 12, "color": "#374151"}}]
+    if current_x is not None:
+        shapes.append(vline(math.log2(current_x) if log_x else current_x, "#111827"))
+    if shapes:
+        layout["shapes"] = shapes
+    return go.Figure(data=traces, layout=layout, _validate=False)
 
 
 def request_color(index: int) -> str:

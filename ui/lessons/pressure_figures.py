@@ -27,7 +27,8 @@ def timeline_figure(rec: TimedRun, mode: str, step: int):
 
 def free_figure(rec: TimedRun, mode: str, step: int, reserve: int):
     """Free blocks after each step, the watermark's ``reserve`` of blocks drawn as a line."""
-    free = [s.num_blocks - round(s.metrics.kv_usage * s.num_blocks) for s in map(rec.at, range(rec.num_steps))]
+    blocks = rec.at(0).num_blocks  # the recorded usage per step, not every step's snapshot rebuilt for each frame
+    free = [blocks - round(u * blocks) for u in rec.metric("kv_usage")]
     return lines(range(len(free)), {"free blocks": free}, f"{mode}: free blocks after each step", "engine step", "blocks",
                  colors={"free blocks": ALLOCATOR_COLORS[mode]},
                  hline=(reserve, f"watermark reserve: {reserve} block{'s' if reserve != 1 else ''}"),

@@ -1,7 +1,7 @@
 """The figures a playing page rebuilds every tick are built as plotly.js reads them, without plotly's
-validation (ui/figures.py step_curves, ui/run_events.py event_strip, ui/lesson_figures.py status_timeline and
-lines; the pool heatmap's own check is in test_pool_cells.py): validating a copy must change nothing the browser gets, also after the updates
-the pages make to them."""
+validation (ui/figures.py step_curves, ui/run_events.py event_strip, ui/lesson_figures.py status_timeline,
+lines, block_tables_grid and the bars; the pool heatmap's own check is in test_pool_cells.py):
+validating a copy must change nothing the browser gets, also after the updates the pages make to them."""
 from __future__ import annotations
 
 import json
@@ -112,3 +112,28 @@ def test_a_slide_enlarges_them_as_it_enlarges_validated_ones(runs):
         slide = presenter.enlarge(fig)
         assert sent(slide) == sent(presenter.enlarge(go.Figure(fig.to_dict())))
         assert slide.layout.title.font.size == presenter.SLIDE_FONT + 4
+
+
+@pytest.mark.parametrize("width", [0, 5, 30, 100])  # none, ids and a tick per block, ids and every 4th, hover only
+def test_block_tables_grid_is_what_validation_makes_of_it(width):
+    from ui.lesson_figures import block_tables_grid
+
+    rng = np.random.default_rng(width)
+    ref, fill = rng.integers(1, 8, 500), rng.integers(0, 17, 500)
+    rows = [(f"seq {i}", rng.integers(0, 500, width).tolist()) for i in range(4)] if width else []
+    fig = block_tables_grid(rows, ref, fill, 16, "block tables", hover_extra=lambda b: f"block {b}'s tokens")
+    assert_as_validated(fig)
+    if width:
+        assert fig.data[0].text[2][3] == str(rows[2][1][3])  # the physical block id in its cell
+        assert (fig.data[0].texttemplate is not None) == (width <= 64)
+
+
+def test_bars_are_what_validation_makes_of_them():
+    from ui.lesson_figures import split_bars, value_bars
+
+    for fig in (split_bars(["r0: 10 computed", "r1: 0 computed"], {"computed": [10, 0], "skipped": [0, 640]},
+                           {"computed": "#1d4ed8"}, "prompt tokens", "tokens"),
+                value_bars(["r0", "r1"], [1.5, 0.25], "time to first token", "seconds", lambda v: f"{v:.2f} s"),
+                value_bars(["a", "b"], [0, 0], "nothing yet", "ms", str, colors=["#111111", "#222222"]),
+                value_bars([], [], "empty", "ms", str)):
+        assert_as_validated(fig)

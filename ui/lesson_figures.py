@@ -86,79 +86,86 @@ def block_table_arrows(table: list[int], fills: list[int], block_size: int, titl
 def block_tables_grid(rows: list[tuple[str, list[int]]], block_ref, block_fill, block_size: int, title: str,
                       hover_extra=None) -> go.Figure:
     """One row per live sequence, one cell per logical block: the physical block id, coloured by
-    its ref count (pale blue = private, orange to brown = shared by 2, 3, ... sequences)."""
+    its ref count (pale blue = private, orange to brown = shared by 2, 3, ... sequences).
+    Built as plotly.js reads it and not validated, as :func:`status_timeline` is."""
     width = max((len(t) for _, t in rows), default=0)
-    fig = go.Figure()
     if not rows or width == 0:
-        fig.add_annotation(text="no sequence holds blocks at this step", x=0.5, y=0.5, showarrow=False,
-                           xref="paper", yref="paper", font=dict(size=14))
-        fig.update_xaxes(visible=False)
-        fig.update_yaxes(visible=False)
-        return _layout(fig, title, 180)
+        layout = _layout_dict(title, 180)
+        layout.update(annotations=[{"text": "no sequence holds blocks at this step", "x": 0.5, "y": 0.5, "showarrow": False,
+                                    "xref": "paper", "yref": "paper", "font": {"size": 14}}],
+                      xaxis={"visible": False}, yaxis={"visible": False})
+        return go.Figure(layout=layout, _validate=False)
     z = np.full((len(rows), width), np.nan)
-    text = np.full((len(rows), width), "", dtype=object)
-    hover = np.full((len(rows), width), "", dtype=object)
+    text = [[""] * width for _ in rows]
+    hover = [[""] * width for _ in rows]
     for r, (label, table) in enumerate(rows):
         for j, b in enumerate(table):
             ref = int(block_ref[b])
             z[r, j] = min(ref, len(REF_COLORS))
-            text[r, j] = str(b)
+            text[r][j] = str(b)
             extra = hover_extra(b) if hover_extra else ""
-            hover[r, j] = (f"{label}: logical block {j} → physical block {b}<br>ref count {ref} · "
+            hover[r][j] = (f"{label}: logical block {j} → physical block {b}<br>ref count {ref} · "
                            f"{int(block_fill[b])}/{block_size} slots filled" + (f"<br>{extra}" if extra else ""))
     n = len(REF_COLORS)
     scale = []
     for i, c in enumerate(REF_COLORS):
         scale += [[i / n, c], [(i + 1) / n, c]]
-    fig.add_trace(go.Heatmap(
-        z=z, zmin=0.5, zmax=n + 0.5, colorscale=scale, text=text,
-        texttemplate="%{text}" if width <= 64 else None,  # wider tables: ids on hover only
-        textfont=dict(size=10 if width > 32 else 12), hovertext=hover, hoverinfo="text",
-        xgap=2 if width <= 64 else 0, ygap=3,
-        showscale=False,
-    ))
+    heat = {"type": "heatmap", "z": z, "zmin": 0.5, "zmax": n + 0.5, "colorscale": scale, "text": text,
+            "textfont": {"size": 10 if width > 32 else 12}, "hovertext": hover, "hoverinfo": "text", "ygap": 3,
+            "showscale": False}
+    if width <= 64:  # wider tables: ids on hover only
+        heat.update(texttemplate="%{text}", xgap=2)
+    else:
+        heat["xgap"] = 0
+    traces = [heat]
     present = sorted({int(v) for v in z[~np.isnan(z)]})
     for v in present:  # a legend entry per ref count on screen
         name = "ref count 1 (private)" if v == 1 else (f"ref count {v} (shared)" if v < n else f"ref count {n}+")
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
-                                 marker=dict(symbol="square", size=12, color=REF_COLORS[v - 1])))
-    fig.update_xaxes(title_text="logical block (position in the block table) · the number in a cell is the physical block",
-                     showgrid=False, zeroline=False, dtick=1 if width <= 24 else (4 if width <= 64 else None),
-                     range=[-0.5, width - 0.5])
-    fig.update_yaxes(tickvals=list(range(len(rows))), ticktext=[lab for lab, _ in rows], autorange="reversed",
-                     showgrid=False, zeroline=False)
-    fig = _layout(fig, title, 190 + 36 * len(rows), legend=True, margin=dict(l=120, r=20, t=50, b=50))
-    fig.update_layout(legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
-    return fig
+        traces.append({"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name,
+                       "marker": {"symbol": "square", "size": 12, "color": REF_COLORS[v - 1]}})
+    xaxis = {"title": {"text": "logical block (position in the block table) · the number in a cell is the physical block"},
+             "showgrid": False, "zeroline": False, "range": [-0.5, width - 0.5]}
+    if width <= 64:
+        xaxis["dtick"] = 1 if width <= 24 else 4
+    layout = _layout_dict(title, 190 + 36 * len(rows), legend=True, margin=dict(l=120, r=20, t=50, b=50))
+    layout.update(xaxis=xaxis, yaxis={"tickvals": list(range(len(rows))), "ticktext": [lab for lab, _ in rows],
+                                      "autorange": "reversed", "showgrid": False, "zeroline": False},
+                  legend={"orientation": "h", "y": 1.0, "x": 1, "yanchor": "bottom", "xanchor": "right"})
+    return go.Figure(data=traces, layout=layout, _validate=False)
 
 
 # ---------------------------------------------------------------------------- bars
 def split_bars(labels: list[str], parts: dict[str, list[float]], colors: dict[str, str], title: str, x_title: str,
                *, height: int | None = None) -> go.Figure:
-    """Horizontal stacked bars, one per label (e.g. prefill tokens computed vs taken from the cache)."""
-    fig = go.Figure()
+    """Horizontal stacked bars, one per label (e.g. prefill tokens computed vs taken from the cache).
+    Built as plotly.js reads it and not validated, as :func:`status_timeline` is."""
+    traces = []
     for name, values in parts.items():
-        fig.add_trace(go.Bar(y=labels, x=values, name=name, orientation="h", marker_color=colors.get(name),
-                             text=[f"{v:,.0f}" if v else "" for v in values], textposition="inside",
-                             insidetextanchor="middle"))
-    fig.update_layout(barmode="stack")
-    fig.update_xaxes(title_text=x_title, rangemode="tozero")
-    fig.update_yaxes(autorange="reversed")
+        bar = {"type": "bar", "y": list(labels), "x": list(values), "name": name, "orientation": "h",
+               "text": [f"{v:,.0f}" if v else "" for v in values], "textposition": "inside", "insidetextanchor": "middle"}
+        if colors.get(name) is not None:
+            bar["marker"] = {"color": colors[name]}
+        traces.append(bar)
     height = height or 190 + 40 * len(labels)
-    fig = _layout(fig, title, height, legend=True, margin=dict(l=90, r=20, t=50, b=100))
+    layout = _layout_dict(title, height, legend=True, margin=dict(l=90, r=20, t=50, b=100))
     # the legend sits 60 px below the plot area, under the axis title
-    fig.update_layout(legend=dict(orientation="h", y=-60 / (height - 150), yanchor="top", x=0, xanchor="left"))
-    return fig
+    layout.update(barmode="stack", xaxis={"title": {"text": x_title}, "rangemode": "tozero"}, yaxis={"autorange": "reversed"},
+                  legend={"orientation": "h", "y": -60 / (height - 150), "x": 0, "yanchor": "top", "xanchor": "left"})
+    return go.Figure(data=traces, layout=layout, _validate=False)
 
 
 def value_bars(labels: list[str], values: list[float], title: str, x_title: str, fmt, *, color="#1d4ed8",
                colors: list[str] | None = None, height: int | None = None) -> go.Figure:
-    fig = go.Figure(go.Bar(y=labels, x=values, orientation="h", marker_color=colors or color,
-                           text=[fmt(v) for v in values], textposition="outside", cliponaxis=False))
+    """Horizontal bars with their values printed beside them. Built as plotly.js reads it and not
+    validated, as :func:`status_timeline` is."""
     top = max(values) if values else 1
-    fig.update_xaxes(title_text=x_title, range=[0, top * 1.25 if top > 0 else 1])
-    fig.update_yaxes(autorange="reversed")
-    return _layout(fig, title, height or 190 + 40 * len(labels), margin=dict(l=90, r=30, t=50, b=100))
+    bar = {"type": "bar", "y": list(labels), "x": list(values), "orientation": "h",
+           "marker": {"color": list(colors) if colors else color}, "text": [fmt(v) for v in values],
+           "textposition": "outside", "cliponaxis": False}
+    layout = _layout_dict(title, height or 190 + 40 * len(labels), margin=dict(l=90, r=30, t=50, b=100))
+    layout.update(xaxis={"title": {"text": x_title}, "range": [0, top * 1.25 if top > 0 else 1]},
+                  yaxis={"autorange": "reversed"})
+    return go.Figure(data=[bar], layout=layout, _validate=False)
 
 
 # ---------------------------------------------------------------------------- timelines

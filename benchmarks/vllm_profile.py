@@ -82,10 +82,13 @@ def start_recording(pids: list[int], path: Path, hz: int, bound_s: float = 120.0
     answer: list[str] = []
 
     def enable() -> None:  # each open waits for perf to open the other end
-        with open(ctl, "w") as c, open(ack) as a:
-            c.write("enable\n")
-            c.flush()
-            answer.append(a.readline())
+        try:
+            with open(ctl, "w") as c, open(ack) as a:
+                c.write("enable\n")
+                c.flush()
+                answer.append(a.readline())
+        except OSError as exc:  # perf exited with the fifo open (a pid that is gone): the caller says so
+            answer.append(f"{type(exc).__name__}: {exc}")
 
     waiter = threading.Thread(target=enable, daemon=True)
     waiter.start()

@@ -37,15 +37,20 @@ LEGEND_ROW_PX = 22  # one row of a horizontal legend
 AXIS_TITLE_PX = 46  # tick labels and the x-axis title under a plot
 
 
+def legend_below_layout(height: int, top: int, rows: int = 1) -> tuple[int, dict]:
+    """(the bottom margin, the legend) that put a horizontal legend under the x-axis title of a
+    plot ``height`` px high with a ``top`` margin, never over it (``rows``: rows the legend wraps to)."""
+    bottom = AXIS_TITLE_PX + rows * LEGEND_ROW_PX + 6
+    plot = max(40, height - top - bottom)
+    return bottom, {"orientation": "h", "x": 0.0, "xanchor": "left", "yanchor": "top", "y": -AXIS_TITLE_PX / plot}
+
+
 def legend_below(fig: go.Figure, rows: int = 1) -> go.Figure:
     """A horizontal legend under the x-axis title, never over it: the bottom margin grows to hold
     it (``rows``: rows the legend wraps to at the chart's width). Needs the figure's height."""
-    height = fig.layout.height or 450
     top = fig.layout.margin.t if fig.layout.margin.t is not None else 40
-    bottom = AXIS_TITLE_PX + rows * LEGEND_ROW_PX + 6
-    plot = max(40, height - top - bottom)
-    fig.update_layout(margin=dict(b=bottom), legend=dict(orientation="h", x=0.0, xanchor="left", yanchor="top",
-                                                         y=-AXIS_TITLE_PX / plot))
+    bottom, legend = legend_below_layout(fig.layout.height or 450, top, rows)
+    fig.update_layout(margin=dict(b=bottom), legend=legend)
     return fig
 
 
@@ -70,15 +75,13 @@ def step_curves(steps, series: dict[str, list], title: str, y_title: str, *, per
         color = series_color(name)
         traces.append({"type": "scatter", "x": list(xs), "y": list(ys), "mode": "lines", "name": name,
                        "line": {"color": color, "width": 2} if color else {"width": 2}})
-    top, bottom = 40, AXIS_TITLE_PX + LEGEND_ROW_PX + 6  # the legend under the plot, as legend_below puts it
+    bottom, legend = legend_below_layout(height, top=40)
     yaxis = {"title": {"text": y_title}, "rangemode": "tozero"}
     if percent:
         yaxis["tickformat"] = ".0%"
     layout = {
         "title": {"text": title, "x": 0.0, "font": {"size": 15}}, "height": height,
-        "margin": {"l": 50, "r": 10, "t": top, "b": bottom},
-        "legend": {"orientation": "h", "x": 0.0, "xanchor": "left", "yanchor": "top",
-                   "y": -AXIS_TITLE_PX / max(40, height - top - bottom)},
+        "margin": {"l": 50, "r": 10, "t": 40, "b": bottom}, "legend": legend,
         "xaxis": {"title": {"text": "engine step"}}, "yaxis": yaxis,
     }
     if current_step is not None:

@@ -143,3 +143,38 @@ def test_figure_json_is_plotlys_own_json_on_every_chart_a_page_plays():
         assert figure_json(fig) == plotly_json(fig)
     dated = go.Figure(go.Scatter(x=[__import__("datetime").date(2026, 12, 4)], y=[1]))
     assert figure_json(dated) == plotly_json(dated)  # plotly's own path, for a value the walk does not know
+
+
+def test_a_held_chart_is_sent_again_unbuilt_until_its_time_is_up(monkeypatch):
+    """``show_chart(..., hold_s=)``: within ``hold_s`` of the chart's last send it goes out again as
+    the same message (the browser draws nothing) and its figure is not built; past it, or in a new
+    full run, or once the browser has asked for the whole figure, the figure is built and sent."""
+    from types import SimpleNamespace
+
+    mounted, built, clock, run = [], [], [100.0], [object()]
+    monkeypatch.setattr(live_chart, "st", SimpleNamespace(session_state={}))
+    monkeypatch.setattr(live_chart, "_mount", lambda key, data, **kw: mounted.append(data[0]))
+    monkeypatch.setattr(live_chart, "_full_run", lambda: run[0])
+    monkeypatch.setattr(live_chart, "plotly_url", lambda: URL)
+    monkeypatch.setattr(live_chart.time, "monotonic", lambda: clock[0])
+
+    def show(n, hold_s=1.0):
+        def build():
+            built.append(n)
+            return go.Figure(go.Scatter(x=list(range(n)), y=list(range(n))))
+        live_chart.show_chart(build, "k", hold_s=hold_s)
+        return mounted[-1]
+
+    first = show(3)
+    clock[0] += 0.4
+    assert show(4) is first and built == [3]  # held: the same message, nothing built
+    clock[0] += 0.7  # 1.1 s since the send
+    grown = show(5)
+    assert built == [3, 5] and grown["rev"] == first["rev"] + 1
+    assert show(6, hold_s=None)["rev"] == grown["rev"] + 1 and built[-1] == 6  # not playing: every step
+    clock[0] += 0.1
+    run[0] = object()  # a new full run (the page mounted afresh): the whole figure
+    fresh = show(7)
+    assert built[-1] == 7 and "full" in fresh
+    live_chart._forget("_live_chart_k")  # the browser lacks the keyframe
+    assert "full" in show(8) and built[-1] == 8

@@ -35,6 +35,7 @@ import functools
 import json
 import math
 import secrets
+import time
 from pathlib import Path
 
 import numpy as np
@@ -390,21 +391,40 @@ def _full_run() -> object | None:
 _RUN = "_live_chart_full_run"
 
 
-def show_chart(fig, key: str, *, config: dict | None = None, where=None) -> None:
-    """Draw ``fig`` (a plotly Figure) full width under ``key``, updating the chart drawn under the
-    same key in place (no new element, nothing blank). ``config``: Plotly's config (the toolbar,
-    :func:`ui.export.png_config`); ``where``: a container or column (default: here)."""
+def show_chart(fig, key: str, *, config: dict | None = None, where=None, hold_s: float | None = None) -> None:
+    """Draw ``fig`` (a plotly Figure, or a function that builds one) full width under ``key``,
+    updating the chart drawn under the same key in place (no new element, nothing blank).
+    ``config``: Plotly's config (the toolbar, :func:`ui.export.png_config`); ``where``: a container
+    or column (default: here).
+
+    ``hold_s``: a chart sent less than this many seconds ago is sent again as it was, and ``fig``
+    is not built: the browser has drawn it and draws nothing. A playing page passes it for what
+    may change once a second (its curves), so that the browser's frames go to the pools, which
+    change every step; a page that is not playing passes None and always shows the step's chart."""
     state_key = f"_live_chart_{key}"
     state = st.session_state.setdefault(state_key, {})
     run = _full_run()
     fresh = state.get("run") is not run
     state["run"] = run
+    now = time.monotonic()
+    held = (not fresh and hold_s is not None and state.get("sent") is not None
+            and now - state.get("sent_at", -math.inf) < hold_s)
+    if held:
+        _draw(state_key, state["sent"], key, where)
+        return
+    if callable(fig):
+        fig = fig()
+    state["sent_at"] = now
     # Not Plotly's "responsive" mode: there the plot's box is 100% of a node that has no height of its
     # own, and a chart first drawn into a node that already had a height (a busy browser, now and
     # then) stayed 0 px high: a slide without its figure. The box is the figure's size in pixels, and
     # the chart follows its container's width through the component's ResizeObserver.
     msg = message(state, figure_json(fig), {"responsive": False, **(config or {})}, plotly_url(), fresh=fresh)
     msg["key"] = key  # on the chart's node as data-key, for tests and style sheets
+    _draw(state_key, msg, key, where)
+
+
+def _draw(state_key: str, msg: dict, key: str, where) -> None:
     with where if where is not None else contextlib.nullcontext():
         _mount(key=key, data=wire(msg), width="stretch", height="content",
                on_missing_change=functools.partial(_forget, state_key))

@@ -103,10 +103,17 @@ def utilization_series(runs: list[Run], upto: int | None = None) -> dict[str, li
     return out
 
 
-def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None = None, scrub=None) -> None:
+# While playing, the curves are drawn again at most this often (seconds): the pools change every
+# step, the curves by a point, and the browser's time goes to the pools.
+CURVES_EVERY_S = 1.0
+
+
+def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None = None, scrub=None,
+         playing: bool = False) -> None:
     """Both pools at ``step``, the legend, and the utilization curves (shared by play and guide).
     ``conceal``: the pools before step 0; ``upto``: the curves only up to that step; ``scrub``:
-    drawn right under the pools (the player's slider and event strip, as under a video)."""
+    drawn right under the pools (the player's slider and event strip, as under a video);
+    ``playing``: the curves may lag the pools by up to :data:`CURVES_EVERY_S`."""
     n = max(r.num_steps for r in runs)
     unit = max(max(1, r.at(0).block_size) for r in runs)  # one grid: the contiguous side on the paged one's
     window = None if conceal else pool_view.zoom_control(KEY, runs[0].at(0).num_slots, unit)
@@ -119,11 +126,14 @@ def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None 
         scrub()
     if conceal:
         return
-    fig = step_curves(range(n), utilization_series(runs, upto), "Token utilization over the run: filled slots / allocated slots"
-                      + (f" (up to step {upto}: the rest is still to come)" if upto is not None else ""),
-                      "token utilization", current_step=step)
-    fig.update_xaxes(range=[0, n - 1])
-    show_chart(fig, f"{KEY}_curves", config=export.png_config(f"{KEY}-utilization"))
+    def curves():
+        fig = step_curves(range(n), utilization_series(runs, upto), "Token utilization over the run: filled slots / "
+                          "allocated slots" + (f" (up to step {upto}: the rest is still to come)" if upto is not None else ""),
+                          "token utilization", current_step=step)
+        return fig.update_xaxes(range=[0, n - 1])
+
+    show_chart(curves, f"{KEY}_curves", config=export.png_config(f"{KEY}-utilization"),
+               hold_s=CURVES_EVERY_S if playing else None)
     real = [r for r in runs if r.engine is not None]
     if real:
         st.markdown(f"**SmolLM2's answers so far** (greedy, so both allocators produce the same text; each "
@@ -302,7 +312,7 @@ def explore(runs: list[Run]) -> None:
             pools_slide(runs, step)
             player.slider(KEY, n, runs=runs)
             return
-        draw(runs, step, scrub=lambda: player.slider(KEY, n, runs=runs))
+        draw(runs, step, scrub=lambda: player.slider(KEY, n, runs=runs), playing=player.is_playing(KEY))
 
     show()
 

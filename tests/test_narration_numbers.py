@@ -178,6 +178,20 @@ def test_reserve_or_page_step_counts_agree():
     assert f"against the paged side's {paged_end + 1:,}" in last
 
 
+@pytest.mark.parametrize("lesson", [reserve_or_page, ops], ids=["reserve_or_page", "ops"])
+def test_a_narration_that_opens_on_a_step_shows_that_step(lesson):
+    """"Step N:" in a narration is the engine's step N, the one its figure shows (the slider's
+    "Step"); the guide's own place is a part ("Part 3 of 7", ui/guide.py), so that a class never
+    reads "Step 3 of 7" above "Step 1: ..." (issue 21's numbers that contradict each other)."""
+    opened = 0
+    for g in lesson.guide_steps(lesson.guided_runs()):
+        m = re.match(r"Step (\d+)[:,]", g.narration)
+        if m:
+            opened += 1
+            assert g.show.get("step") == int(m.group(1)), (g.title, g.show)
+    assert opened
+
+
 def test_ops_narration_is_read_off_the_run():
     runs = [ops.guided_runs()] + [scripted_pair(build_workload(ops.GUIDE_WORKLOAD, seed=seed), pool_slots=pool,
                                                 block_size=ops.GUIDE_BLOCK) for seed, pool in ((1, 1792), (2, 1536))]

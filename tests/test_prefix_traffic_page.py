@@ -130,7 +130,7 @@ def test_presenter_mode_one_figure_a_slide():
     assert at.toggle(key=f"{KEY}_present").value and at.toggle(key=f"{KEY}_guide").value
     charts = at.get("plotly_chart")
     assert len(charts) == 1 and f"{KEY}_slide" in charts[0].proto.id
-    assert any("Step 7 of" in m.value for m in at.markdown)
+    assert any("Part 7 of" in m.value for m in at.markdown)
     at.button(key=f"{KEY}_guide_next").click().run()
     assert not at.exception and len(at.get("plotly_chart")) == 1
     at = open_page(PAGE, present="on", guide_step="4")  # the pool's slide

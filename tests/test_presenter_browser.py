@@ -27,7 +27,7 @@ def test_slides_fit_a_projector_in_chromium():
             while True:
                 # The slide's run under way (its header), then done: only then is "no question
                 # here" an answer, not a page still arriving.
-                page.get_by_text(re.compile(f"Step {slide} of")).first.wait_for(timeout=600_000)
+                page.get_by_text(re.compile(f"Part {slide} of")).first.wait_for(timeout=600_000)
                 wait_idle(page, 600_000)
                 asked = answer_prediction(page, out / f"{path}-slide-{slide}-unanswered.png")
                 if path == "reserve-or-page" and slide == 1:
@@ -40,18 +40,18 @@ def test_slides_fit_a_projector_in_chromium():
                 box = page.locator(".js-plotly-plot").first.bounding_box()
                 assert box["y"] + box["height"] <= 720 + 1, (path, slide, box)  # the whole figure on the screen
                 page.screenshot(path=str(out / f"{path}-slide-{slide}-1280x720.png"))
-                header = page.get_by_text(re.compile(r"Step \d+ of \d+")).first.inner_text()
-                done, total = (int(x) for x in re.search(r"Step (\d+) of (\d+)", header).groups())
+                header = page.get_by_text(re.compile(r"Part \d+ of \d+")).first.inner_text()
+                done, total = (int(x) for x in re.search(r"Part (\d+) of (\d+)", header).groups())
                 if done == total:
                     # the browser drew each slide's own figure, not the first one again
                     assert len(set(titles)) >= 3, (path, titles)
                     if path == "reserve-or-page":  # ← goes back one slide
                         page.locator('[data-testid="stAlertContentInfo"]').first.click()
                         page.keyboard.press("ArrowLeft")
-                        page.get_by_text(re.compile(f"Step {total - 1} of")).first.wait_for(timeout=120_000)
+                        page.get_by_text(re.compile(f"Part {total - 1} of")).first.wait_for(timeout=120_000)
                     break
                 page.locator('[data-testid="stAlertContentInfo"]').first.click()  # keys go to the page
                 page.keyboard.press("ArrowRight")
                 slide += 1
-                page.get_by_text(re.compile(f"Step {slide} of")).first.wait_for(timeout=120_000)
+                page.get_by_text(re.compile(f"Part {slide} of")).first.wait_for(timeout=120_000)
 

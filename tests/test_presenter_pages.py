@@ -86,7 +86,7 @@ def test_presenter_mode_on_every_lesson(page):
         # a slide has no sidebar: nothing on it offers to set the sidebar (it would only push the slide down)
         assert not [b for b in at.button if "sidebar" in (b.label or "")], (slides, [b.label for b in at.button])
         assert at.info and at.info[0].value, f"slide {slides}: no narration"
-        assert any(m.value.startswith(f"**Step {slides} of ") for m in at.markdown), f"slide {slides}: no step header"
+        assert any(m.value.startswith(f"**Part {slides} of ") for m in at.markdown), f"slide {slides}: no step header"
         shown = charts(at)
         assert len(shown) <= 1, (slides, [c.proto.id for c in shown])  # one figure a slide
         for c in shown:
@@ -112,7 +112,7 @@ def test_presenter_mode_on_every_lesson(page):
     assert slides >= 5 and figures_seen >= slides // 2, (slides, figures_seen)
     at.button(key=f"{key}_guide_prev").click().run()  # Previous goes back one slide
     assert not at.exception
-    assert any(m.value.startswith(f"**Step {slides - 1} of ") for m in at.markdown)
+    assert any(m.value.startswith(f"**Part {slides - 1} of ") for m in at.markdown)
 
 
 def test_real_traffic_slides_show_the_four_pools_on_one_grid():
@@ -196,7 +196,7 @@ def test_a_slide_that_asks_draws_a_shorter_figure():
     assert at.session_state[BOTTOM_KEY] <= SCREEN_PX - BOTTOM_MARGIN_PX
     for _ in range(4):
         at.button(key="rop_guide_next").click().run()  # slide 5, external fragmentation: a long caption
-    assert any(m.value.startswith("**Step 5 of ") for m in at.markdown)
+    assert any(m.value.startswith("**Part 5 of ") for m in at.markdown)
     assert any("are external fragmentation" in c.value for c in at.caption)  # why the head of the queue waits
     assert MIN_SLIDE_HEIGHT <= figure(at, "rop_slide")["layout"]["height"] <= SLIDE_HEIGHT
     assert at.session_state[BOTTOM_KEY] <= SCREEN_PX - BOTTOM_MARGIN_PX

@@ -51,7 +51,7 @@ def test_every_slide_ends_above_the_bottom_edge_and_nothing_is_fetched_from_else
         slide, seen = 1, []
         while True:
             for answered in (False, True):  # the slide as it asks, then with the measured answer
-                page.get_by_text(re.compile(f"Step {slide} of")).first.wait_for(timeout=600_000)
+                page.get_by_text(re.compile(f"Part {slide} of")).first.wait_for(timeout=600_000)
                 wait_idle(page, 600_000)  # the slide's run done: "no question here" is an answer
                 if answered and not answer_prediction(page, OUT / f"slide-fit-{slide}-unanswered.png"):
                     break
@@ -60,14 +60,14 @@ def test_every_slide_ends_above_the_bottom_edge_and_nothing_is_fetched_from_else
                 low, what = page.evaluate(LOWEST)
                 seen.append((slide, answered, round(low)))
                 assert low <= SCREEN_PX - MARGIN_PX, (slide, answered, low, what)
-            header = page.get_by_text(re.compile(r"Step \d+ of \d+")).first.inner_text()
-            done, total = (int(x) for x in re.search(r"Step (\d+) of (\d+)", header).groups())
+            header = page.get_by_text(re.compile(r"Part \d+ of \d+")).first.inner_text()
+            done, total = (int(x) for x in re.search(r"Part (\d+) of (\d+)", header).groups())
             if done == total:
                 break
             page.locator('[data-testid="stAlertContentInfo"]').first.click()  # keys go to the page
             page.keyboard.press("ArrowRight")
             slide += 1
-            page.get_by_text(re.compile(f"Step {slide} of")).first.wait_for(timeout=120_000)
+            page.get_by_text(re.compile(f"Part {slide} of")).first.wait_for(timeout=120_000)
         assert slide >= 5, seen
     elsewhere = sorted({u for u in requests if u.startswith(("http:", "https:", "ws:", "wss:"))
                         and urlparse(u).hostname not in LOCAL})

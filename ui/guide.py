@@ -114,6 +114,6 @@ def nav(key: str, steps: list[GuideStep]) -> GuideStep:
     presenter.fit(step.predict is not None, above_px=above)
     right, answered = predict.score()
     asks = any(s.predict is not None for s in steps)
-    header.markdown(f"**Step {i + 1} of {len(steps)}: {step.title}**"
+    header.markdown(f"**Part {i + 1} of {len(steps)}: {step.title}**"
                     + (f" · predictions right this session: **{right}** of {answered}" if asks else ""))
     return shown

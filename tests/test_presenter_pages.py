@@ -86,7 +86,7 @@ def test_presenter_mode_on_every_lesson(page):
         # a slide has no sidebar: nothing on it offers to set the sidebar (it would only push the slide down)
         assert not [b for b in at.button if "sidebar" in (b.label or "")], (slides, [b.label for b in at.button])
         assert at.info and at.info[0].value, f"slide {slides}: no narration"
-        assert any(m.value.startswith(f"**Part {slides} of ") for m in at.markdown), f"slide {slides}: no step header"
+        assert any(m.value.startswith(f"**Part {slides} of ") for m in at.markdown), f"slide {slides}: no part header"
         shown = charts(at)
         assert len(shown) <= 1, (slides, [c.proto.id for c in shown])  # one figure a slide
         for c in shown:

@@ -111,12 +111,10 @@ def block_tables_grid(rows: list[tuple[str, list[int]]], block_ref, block_fill, 
     for i, c in enumerate(REF_COLORS):
         scale += [[i / n, c], [(i + 1) / n, c]]
     heat = {"type": "heatmap", "z": z, "zmin": 0.5, "zmax": n + 0.5, "colorscale": scale, "text": text,
-            "textfont": {"size": 10 if width > 32 else 12}, "hovertext": hover, "hoverinfo": "text", "ygap": 3,
-            "showscale": False}
+            "textfont": {"size": 10 if width > 32 else 12}, "hovertext": hover, "hoverinfo": "text",
+            "xgap": 2 if width <= 64 else 0, "ygap": 3, "showscale": False}
     if width <= 64:  # wider tables: ids on hover only
-        heat.update(texttemplate="%{text}", xgap=2)
-    else:
-        heat["xgap"] = 0
+        heat["texttemplate"] = "%{text}"
     traces = [heat]
     present = sorted({int(v) for v in z[~np.isnan(z)]})
     for v in present:  # a legend entry per ref count on screen

@@ -49,6 +49,7 @@ LOGS = {
 }
 ALLOCATORS = {"paged": [], "orca-max": ["--allocator", "contiguous"]}
 PARALLEL = 1  # cases at once: one, so that no case's wall time includes another's
+PEAK_POLL_S = 0.2
 TARGETS = {"wall_s": 30.0, "peak_rss_mb": 400.0, "trace_mb": 150.0, "busy_steps_per_s": 5000.0}
 
 
@@ -106,7 +107,8 @@ def case(root: Path, log: str, allocator: str, count: int | None, quick: bool) -
         load = os.getloadavg()[0]
         t0 = time.perf_counter()
         child = _Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        out, err = child.communicate()
+        with TreePeaks(child.pid) as peaks:
+            out, err = child.communicate()
         wall = time.perf_counter() - t0
         cpu = child.cpu_s
         if child.returncode != 0:
@@ -117,11 +119,59 @@ def case(root: Path, log: str, allocator: str, count: int | None, quick: bool) -
     return {"log": log, "allocator": allocator, "count": count, "requests": summary["requests"],
             "finished": summary["finished"], "rejected": len(summary["rejected"]), "steps": summary["steps"],
             "trace_steps": steps, "busy_steps": busy, "wall_s": round(wall, 2),
-            "peak_rss_mb": round(child.peak_rss_kb / 1024, 1),
+            "peak_rss_mb": round(child.peak_rss_kb / 1024, 1), "processes": max(len(peaks.hwm_kb), 1),
+            "peak_rss_sum_mb": round(max(sum(peaks.hwm_kb.values()), child.peak_rss_kb) / 1024, 1),
             "cpu_s": round(cpu, 2), "trace_mb": round(size / 1e6, 1), "busy_steps_per_s": round(busy / wall, 1),
             "busy_steps_per_cpu_s": round(busy / cpu, 1) if cpu else None,
             "trace_kb_per_step": round(size / 1e3 / max(steps, 1), 2),
             "load_average_1min": [round(load, 2), round(os.getloadavg()[0], 2)]}  # at the case's start and end
+
+
+class TreePeaks:
+    """The peak RSS (VmHWM) of a process and of each process under it, read from /proc every
+    :data:`PEAK_POLL_S` while it runs (a peak only grows, so the last look before a process ends
+    is its peak, but for what it added in its last moments). The kernel's accounting of a child
+    (``ru_maxrss``) gives the largest one process's peak; a run written by two processes (the
+    trace writer's own, ``record/trace_process.py``) holds the sum of theirs at most."""
+
+    def __init__(self, pid: int):
+        import threading
+
+        self.pid = pid
+        self.hwm_kb: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "TreePeaks":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _tree(self) -> list[int]:
+        pids, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            pids.append(pid)
+            try:
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        todo += [int(c) for c in f.read().split()]
+            except OSError:  # gone meanwhile
+                continue
+        return pids
+
+    def _watch(self) -> None:
+        while not self._stop.wait(PEAK_POLL_S):
+            for pid in self._tree():
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        hwm = next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
+                except OSError:
+                    continue
+                self.hwm_kb[pid] = max(self.hwm_kb.get(pid, 0), hwm)
 
 
 class _Popen(subprocess.Popen):
@@ -197,8 +247,8 @@ def targets_of(rows: list[dict]) -> list[dict]:
              "target": f"<= {TARGETS['wall_s']:.0f}", "pass": r["wall_s"] <= TARGETS["wall_s"]},
             {"name": f"whole Azure conv, {a}: CPU time of the run (s)", "value": r["cpu_s"],
              "target": f"<= {TARGETS['wall_s']:.0f}", "pass": r["cpu_s"] <= TARGETS["wall_s"]},
-            {"name": f"whole Azure conv, {a}: peak RSS (MB)", "value": r["peak_rss_mb"],
-             "target": f"<= {TARGETS['peak_rss_mb']:.0f}", "pass": r["peak_rss_mb"] <= TARGETS["peak_rss_mb"]},
+            {"name": f"whole Azure conv, {a}: peak RSS (MB; its processes' peaks summed)", "value": r["peak_rss_sum_mb"],
+             "target": f"<= {TARGETS['peak_rss_mb']:.0f}", "pass": r["peak_rss_sum_mb"] <= TARGETS["peak_rss_mb"]},
             {"name": f"whole Azure conv, {a}: trace (MB)", "value": r["trace_mb"],
              "target": f"<= {TARGETS['trace_mb']:.0f}", "pass": r["trace_mb"] <= TARGETS["trace_mb"]},
             {"name": f"whole Azure conv, {a}: steps while sequences run per CPU second", "value": r["busy_steps_per_cpu_s"],
@@ -209,6 +259,7 @@ def targets_of(rows: list[dict]) -> list[dict]:
 
 
 COLUMNS = ["engine", "log", "allocator", "count", "requests", "steps", "busy_steps", "wall_s", "cpu_s", "peak_rss_mb",
+           "peak_rss_sum_mb",
            "trace_mb", "busy_steps_per_s", "busy_steps_per_cpu_s", "trace_kb_per_step"]
 
 

@@ -72,8 +72,10 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
             rows.append((f"replay speed: `{row['log']}` ({which}), {row['allocator']}, 262,144 slots, --trace-out, "
                          f"engine {row['engine']}",
                          f"{row['wall_s']:,.1f} s, {row['requests']:,} requests, {row['steps']:,} steps "
-                         f"({row['busy_steps']:,} busy: {row['busy_steps_per_s']:,.0f}/s); peak RSS "
-                         f"{row['peak_rss_mb']:,.0f} MB; trace {row['trace_mb']:,.1f} MB "
+                         f"({row['busy_steps']:,} busy: {row['busy_steps_per_s']:,.0f}/s); CPU {row['cpu_s']:,.1f} s; peak RSS "
+                         f"{row['peak_rss_mb']:,.0f} MB" + (f" ({row['processes']} processes: {row['peak_rss_sum_mb']:,.0f} MB summed)"
+                                                          if row.get("processes", 1) > 1 else "")
+                         + f"; trace {row['trace_mb']:,.1f} MB "
                          f"({row['trace_kb_per_step']:.1f} KB a step)", "reported", "-"))
         for t in r.get("targets", []):
             rows.append((f"replay speed: {t['name']}", f"{t['value']:,}", t["target"].replace(">=", "≥").replace("<=", "≤"),

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from ..config import ConfigError
+from ..record.trace_process import TraceWriterError
 
 EXIT_USAGE = 2
 PROG = "python -m pagedkv_core"
@@ -72,6 +73,9 @@ def run_command(command: Callable[[], int | None]) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except TraceWriterError as exc:  # a trace that could not be written (a full disk): one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # the reader went away (`... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
@@ -85,12 +89,15 @@ def length_scale(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number or a fraction such as 1/16, got {text!r}") from None
 
 
-def trace_writer(path: str, header: dict):
+def trace_writer(path: str, header: dict, *, background: bool = False):
     """A :class:`~pagedkv_core.record.trace_file.TraceWriter` streaming a run into ``path`` (``--trace-out``:
-    only the last step stays in memory); a file that cannot be created is one line."""
+    only the last step stays in memory); a file that cannot be created is one line. ``background``:
+    written by a process of its own where a second core is there
+    (:func:`~pagedkv_core.record.trace_process.open_trace_writer`), for a long scripted run."""
     from ..record.trace_file import TraceWriter
+    from ..record.trace_process import open_trace_writer
 
     try:
-        return TraceWriter(path, header)
+        return open_trace_writer(path, header) if background else TraceWriter(path, header)
     except OSError as exc:
         raise ConfigError(f"cannot write trace {path!r}: {exc.strerror}") from None

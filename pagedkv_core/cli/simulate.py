@@ -104,7 +104,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     problem = workload.block_size_problem(config)
     if problem is not None:
         raise ConfigError(problem)
-    writer = trace_writer(args.trace_out, {"workload": workload.name}) if args.trace_out else None
+    # The trace is written by a process of its own where a second core is there: encoding and
+    # deflating a step cost about as much as the step (record/trace_process.py).
+    writer = trace_writer(args.trace_out, {"workload": workload.name}, background=True) if args.trace_out else None
     sink = None
     try:
         sink = open_kv_events(args, config.block_size)

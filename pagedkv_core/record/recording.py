@@ -157,6 +157,22 @@ def delta_from_ranges(step: int, allocator_arrays: dict, slot_ranges, block_rang
     )
 
 
+def engine_step_delta(step: int, live: dict, changes, seqs: dict, events, metrics: StepMetrics) -> StepDelta:
+    """The StepDelta of an engine's step (what :meth:`Recorder.record` takes): the values of the
+    pool view's ``live`` arrays at ``changes``' slot and block ranges, gathered now (they move on
+    with the next step), and the step's per-sequence arrays, queues, events and metrics.
+    ``seqs`` without the block tables needs ``changes.tables`` as a mapping of seq id -> table
+    of every table that changed."""
+    small = {**seqs, "events": events, "metrics": metrics}
+    tables = changes[2] if len(changes) > 2 else None
+    source = None
+    if "seq_tables" not in seqs:  # the engine's recording-only step: the changed tables come whole
+        if not isinstance(tables, Mapping):
+            raise ValueError("seqs without block tables need changes.tables as seq id -> table")
+        source = tables
+    return delta_from_ranges(step, live, changes[0], changes[1], small, tables, source)
+
+
 def snapshot_delta(snap: StepSnapshot, state: StepState) -> StepDelta:
     """The delta from ``state`` to a full snapshot: np.flatnonzero over the arrays (O(slots))."""
     def changed(names) -> np.ndarray:
@@ -257,14 +273,7 @@ class Recorder:
         gathers the live arrays there. ``seqs`` without the block tables (``seq_arrays(...,
         tables=False)``) needs ``changes.tables`` as a mapping of seq id -> table of every
         table that changed: then the step costs what changed, not every table."""
-        small = {**seqs, "events": events, "metrics": metrics}
-        tables = changes[2] if len(changes) > 2 else None
-        source = None
-        if "seq_tables" not in seqs:  # the engine's recording-only step: the changed tables come whole
-            if not isinstance(tables, Mapping):
-                raise ValueError("seqs without block tables need changes.tables as seq id -> table")
-            source = tables
-        self.append_delta(delta_from_ranges(step, self._live, changes[0], changes[1], small, tables, source))
+        self.append_delta(engine_step_delta(step, self._live, changes, seqs, events, metrics))
 
     def append_delta(self, delta: StepDelta) -> None:
         self._require_started()

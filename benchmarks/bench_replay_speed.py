@@ -2,7 +2,11 @@
 
 Each case is ``python -m pagedkv_core simulate --workload-file LOG --pool-slots 262144
 --allocator A --trace-out TMP --json`` in its own child process (so its peak RSS, read from the
-kernel's accounting of that child, is its own):
+kernel's accounting of that child, is its own). Where a second core is there, ``simulate`` writes
+its trace from a process of its own (``record/trace_process.py``): the kernel's figure is then the
+larger of the two processes' peaks, and ``peak_rss_sum_mb`` adds up every process's peak (VmHWM,
+read from /proc while the case runs: an upper bound, pages they share count twice), which is what
+the RSS target is judged on; the CPU seconds are both processes':
 
 - the Azure conversation log whole (``data/azure_conv_2023.csv``, 19,366 rows; with the CLI's
   defaults, a 2,048-token context, 16,528 of them fit and run, the rest are left out as the

@@ -66,8 +66,9 @@ _POOL_FIELDS = ("slot_idx", "slot_state", "slot_owner", "slot_token", "block_idx
 
 def pack_delta(delta: StepDelta) -> tuple[bytes, bytes]:
     """A StepDelta as (its small parts pickled, its arrays' bytes end to end): taken now, so
-    that nothing the engine changes later (its block tables are live lists) reaches the child;
-    about four times cheaper than pickling the delta whole (one buffer, not an object per array)."""
+    that nothing the engine changes later (its block tables are live lists) reaches the child.
+    Measured at 262,144 slots: 52 µs a step paged, 30 contiguous, against 97 and 84 for pickling
+    the delta whole (one buffer here, not an object per array)."""
     arrays = [getattr(delta, name) for name in _POOL_FIELDS]
     seq_names = list(delta.seqs)
     arrays += [np.asarray(delta.seqs[name]) for name in seq_names]
@@ -142,6 +143,11 @@ def _serve(conn, parent_end, path, header: dict | None) -> None:
             try:
                 batch = conn.recv()
             except EOFError:  # the parent is gone without closing: keep what was written
+                break
+            except Exception as exc:  # noqa: BLE001 - a message cut short (the parent interrupted mid-send)
+                if not failed:
+                    conn.send(("error", _one_line(exc)))
+                failed = True
                 break
             for message in batch:
                 if failed:

@@ -274,3 +274,53 @@ def test_renamed_request_log_flags_keep_their_former_spellings(capsys):
     assert main(["generate", "--prompt", "hi", "--trace-file", "r.csv"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: python -m pagedkv_core generate: argument --request-log: not allowed with argument --prompt")
+
+
+def test_the_progress_line_is_redrawn_at_most_twice_a_second_and_cleared():
+    import io
+
+    from pagedkv_core.cli.progress import ProgressLine
+    from pagedkv_core.config import EngineConfig
+    from pagedkv_core.engine import Engine
+    from pagedkv_core.sources.scripted import ScriptedSource
+    from pagedkv_core.workloads.scenarios import build_workload
+
+    now = [0.0]
+    out = io.StringIO()
+    line = ProgressLine(out, every_s=0.5, clock=lambda: now[0])
+    engine = Engine(EngineConfig(pool_slots=2048), ScriptedSource(), snapshots=False)
+    build_workload("explainer40", 0).submit(engine)
+    for _ in range(30):
+        engine.step(snapshot=False, outputs=False)
+        now[0] += 0.25
+        line(engine)
+    draws = out.getvalue().split("\r\033[K")[1:]
+    assert len(draws) == 15  # at the first step, then every 0.5 s: every second step
+    assert draws[-1] == (f"step 29: {engine.num_finished:,} of 40 requests so far ended, {len(engine.scheduler.running)} "
+                         f"running, {len(engine.scheduler.waiting)} waiting (7 s)")
+    line.clear()
+    assert out.getvalue().endswith("\r\033[K") and not line.drawn
+
+
+def test_simulate_shows_its_progress_on_a_terminal_and_clears_it():
+    import os
+    import select
+
+    master, slave = os.openpty()
+    done = subprocess.run([sys.executable, "-m", "pagedkv_core", "simulate", "--workload", "burst", "--pool-slots", "512",
+                           "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=slave, timeout=300)
+    os.close(slave)
+    seen = b""
+    while select.select([master], [], [], 0.5)[0]:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert done.returncode == 0
+    text = seen.decode()
+    assert "requests so far ended" in text and text.endswith("\r\033[K")  # drawn, then cleared
+    assert json.loads(done.stdout)["steps"] > 0  # stdout stays the one JSON object

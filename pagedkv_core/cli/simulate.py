@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..config import ConfigError, setting_spec
 from ..engine import Engine
@@ -41,6 +42,7 @@ from ..workloads.scenarios import WORKLOADS, LogOptions, LogStream, build_worklo
 from .flags import add_engine_args, config_from_args
 from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
 from .parsing import add_renamed, length_scale, trace_writer
+from .progress import ProgressLine
 from .summary import summary_table
 
 
@@ -121,7 +123,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             workload.submit(engine)
         if writer is not None:
             writer.set_header(engine.trace_header())  # a streamed run's requests: in their steps
-        summary, breakdown = measure_run(engine, released=released)  # the trace writer records each step
+        progress = ProgressLine(sys.stderr) if sys.stderr.isatty() else None  # a terminal sees the run go
+        try:
+            summary, breakdown = measure_run(engine, released=released, on_step=progress)  # the trace writer records each step
+        finally:
+            if progress is not None:
+                progress.clear()
     finally:
         if writer is not None:
             writer.close()

@@ -244,12 +244,14 @@ def waste_breakdown(snapshots: Iterable, final_written: Mapping[int, int]) -> di
     return acc.breakdown(final_written)
 
 
-def measure_run(engine, max_steps: int | None = None, released: Mapping[int, int] | None = None) -> tuple[object, dict[str, float]]:
+def measure_run(engine, max_steps: int | None = None, released: Mapping[int, int] | None = None,
+                on_step=None) -> tuple[object, dict[str, float]]:
     """Run ``engine`` to the end (or ``max_steps`` calls of its ``step``) and return its
     :class:`~pagedkv_core.metrics.RunSummary` and its breakdown. Each step is read from the
     engine (:meth:`WasteAccumulator.add_engine`), with no snapshot and no outputs; an idle stretch
     that passed in one call (``skip_idle``) counts each of its steps. ``released``: as for
-    :func:`final_written` (a streamed run's forgotten sequences)."""
+    :func:`final_written` (a streamed run's forgotten sequences). ``on_step(engine)``: called after
+    each call of its ``step`` (a progress line)."""
     acc = WasteAccumulator()
     calls = 0
     while engine.has_unfinished() and (max_steps is None or calls < max_steps):
@@ -258,4 +260,6 @@ def measure_run(engine, max_steps: int | None = None, released: Mapping[int, int
         calls += 1
         for _ in range(engine.step_index - before):
             acc.add_engine(engine)
+        if on_step is not None:
+            on_step(engine)
     return engine.summary(), acc.breakdown(final_written(engine, released))

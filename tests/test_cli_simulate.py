@@ -296,7 +296,8 @@ def test_the_progress_line_is_redrawn_at_most_twice_a_second_and_cleared():
         line(engine)
     draws = out.getvalue().split("\r\033[K")[1:]
     assert len(draws) == 15  # at the first step, then every 0.5 s: every second step
-    assert draws[-1] == (f"step 29: {engine.num_finished:,} of 40 requests so far ended, {len(engine.scheduler.running)} "
+    assert draws[-1] == (f"step 29: {engine.num_finished:,} of the 40 requests submitted so far have ended, "
+                         f"{len(engine.scheduler.running)} "
                          f"running, {len(engine.scheduler.waiting)} waiting (7 s)")
     line.clear()
     assert out.getvalue().endswith("\r\033[K") and not line.drawn
@@ -322,5 +323,5 @@ def test_simulate_shows_its_progress_on_a_terminal_and_clears_it():
     os.close(master)
     assert done.returncode == 0
     text = seen.decode()
-    assert "requests so far ended" in text and text.endswith("\r\033[K")  # drawn, then cleared
+    assert "requests submitted so far have ended" in text and text.endswith("\r\033[K")  # drawn, then cleared
     assert json.loads(done.stdout)["steps"] > 0  # stdout stays the one JSON object

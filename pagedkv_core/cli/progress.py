@@ -27,8 +27,8 @@ class ProgressLine:
         self._last = now
         ended = engine.num_finished + engine.num_rejected
         sched = engine.scheduler
-        text = (f"step {engine.step_index:,}: {ended:,} of {engine.num_requests:,} requests so far ended, "
-                f"{len(sched.running):,} running, {len(sched.waiting):,} waiting ({now - self.start:,.0f} s)")
+        text = (f"step {engine.step_index:,}: {ended:,} of the {engine.num_requests:,} requests submitted so far have "
+                f"ended, {len(sched.running):,} running, {len(sched.waiting):,} waiting ({now - self.start:,.0f} s)")
         self.stream.write("\r\033[K" + text)
         self.stream.flush()
         self.drawn = True

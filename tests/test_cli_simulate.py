@@ -308,20 +308,32 @@ def test_simulate_shows_its_progress_on_a_terminal_and_clears_it():
     import select
 
     master, slave = os.openpty()
-    done = subprocess.run([sys.executable, "-m", "pagedkv_core", "simulate", "--workload", "burst", "--pool-slots", "512",
-                           "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=slave, timeout=300)
-    os.close(slave)
-    seen = b""
-    while select.select([master], [], [], 0.5)[0]:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
+    with subprocess.Popen([sys.executable, "-m", "pagedkv_core", "simulate", "--workload", "burst", "--pool-slots", "512",
+                           "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=slave) as run:
+        os.close(slave)
+        seen = b""
+        while True:  # read the terminal while the run writes to it (a full terminal buffer would stop the run)
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the run has ended and closed its side
+                    chunk = b""
+                seen += chunk
+                if chunk:
+                    continue
+            if run.poll() is not None:
+                break
+        while select.select([master], [], [], 0)[0]:  # what it wrote as it ended
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out = run.stdout.read()
     os.close(master)
-    assert done.returncode == 0
+    assert run.returncode == 0
     text = seen.decode()
     assert "requests submitted so far have ended" in text and text.endswith("\r\033[K")  # drawn, then cleared
-    assert json.loads(done.stdout)["steps"] > 0  # stdout stays the one JSON object
+    assert json.loads(out)["steps"] > 0  # stdout stays the one JSON object

@@ -23,15 +23,16 @@ TARGET_BYTES = 1.5e9
 POOL_SLOTS = 2048
 
 
-def vm_hwm_bytes() -> int:
-    """This process's peak resident set (``VmHWM``). Unlike ``ru_maxrss`` it belongs to the
-    process's own address space: Linux carries the parent's high-water mark into a child's
-    ``ru_maxrss`` across fork/vfork + exec, which would count the benchmark runner's memory."""
-    with open("/proc/self/status") as f:
+def vm_hwm_bytes(pid: int | str = "self") -> int:
+    """A process's peak resident set (``VmHWM``; this process by default). Unlike ``ru_maxrss``
+    it belongs to the process's own address space: Linux carries the parent's high-water mark
+    into a child's ``ru_maxrss`` across fork/vfork + exec, which would count the benchmark
+    runner's memory. OSError when the process is gone."""
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
 
 
 def child(max_new_tokens: int) -> dict:

@@ -168,12 +168,13 @@ class TreePeaks:
         return pids
 
     def _watch(self) -> None:
+        from benchmarks.bench_memory import vm_hwm_bytes
+
         while not self._stop.wait(PEAK_POLL_S):
             for pid in self._tree():
                 try:
-                    with open(f"/proc/{pid}/status") as f:
-                        hwm = next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
-                except OSError:
+                    hwm = vm_hwm_bytes(pid) // 1024
+                except (OSError, RuntimeError):  # gone meanwhile, or a process without memory of its own
                     continue
                 self.hwm_kb[pid] = max(self.hwm_kb.get(pid, 0), hwm)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from ..config import ConfigError
-from ..record.trace_process import TraceWriterError
+from ..record.trace_process import TraceWriterError, open_trace_writer
 
 EXIT_USAGE = 2
 PROG = "python -m pagedkv_core"
@@ -95,7 +95,6 @@ def trace_writer(path: str, header: dict, *, background: bool = False):
     written by a process of its own where a second core is there
     (:func:`~pagedkv_core.record.trace_process.open_trace_writer`), for a long scripted run."""
     from ..record.trace_file import TraceWriter
-    from ..record.trace_process import open_trace_writer
 
     try:
         return open_trace_writer(path, header) if background else TraceWriter(path, header)

@@ -4,8 +4,8 @@ Writing a trace costs about as much as the run it records: at 262,144 slots, enc
 record, narrowing it to its file form and deflating it take about half of a ``simulate
 --trace-out`` step. :class:`TraceWriterProcess` takes the engine's steps as a
 :class:`~pagedkv_core.record.trace_file.TraceWriter` does, but only gathers each step's changed
-values (the pool view's arrays move on with the next step) and pickles them; a child process
-holds the real TraceWriter and does the rest. The file is the same, byte for byte.
+values (the pool view's arrays move on with the next step) and packs them into one buffer
+(:func:`pack_delta`); a child process holds the real TraceWriter and does the rest. The file is the same, byte for byte.
 
 - **Bounded.** Steps go over a pipe in batches of :data:`BATCH_STEPS`; when the child falls
   behind, the pipe fills and the engine waits. Nothing piles up in memory.
@@ -34,7 +34,7 @@ import numpy as np
 from ..metrics import StepMetrics
 from .recording import StepDelta, engine_step_delta
 
-BATCH_STEPS = 16  # steps pickled and sent at once (one pipe write, one wake-up of the child)
+BATCH_STEPS = 16  # steps sent at once (one pipe write, one wake-up of the child)
 _START, _HEADER, _REQUESTS, _DELTA, _FLUSH, _CLOSE = range(6)
 
 
@@ -235,7 +235,7 @@ class TraceWriterProcess:
         self._send((_START, dict(scalars), copies, step))
 
     def record(self, step: int, changes, seqs: dict, events, metrics) -> None:
-        """As Recorder.record: the step's values gathered and pickled now, written by the child."""
+        """As Recorder.record: the step's values gathered and packed now, written by the child."""
         delta = engine_step_delta(step, self._live, changes, seqs, events, metrics)
         self._recorded = True
         self._send((_DELTA, *pack_delta(delta)))

@@ -60,22 +60,12 @@ def check_max_tokens(max_tokens: int, max_model_len: int, what: str = "max_token
 
 @contextlib.contextmanager
 def _loading_output(quiet: bool):
-    """transformers draws its own "Loading weights" bar on stderr; the loader reports its
-    progress through its ``progress`` callback, so that bar is only noise (and a second line
-    after a command's one-line error): it is turned off while loading. ``quiet``: nothing at
-    all reaches stderr meanwhile (the GGUF conversion's bar is a plain tqdm that no switch
-    reaches). That swaps ``sys.stderr`` for the whole process, so it is for a command line,
-    not for a server's threads."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
-            yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
+    """``quiet``: nothing at all reaches stderr while the model loads (the GGUF conversion's bar is
+    a plain tqdm that no switch reaches; transformers' own bar the loader turns off itself). That
+    swaps ``sys.stderr`` for the whole process, so it is for a command line, not for a server's
+    threads."""
+    with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+        yield
 
 
 class _Detokenizer:
@@ -150,7 +140,7 @@ class LLM:
         else:
             shape = KVShape.from_config(loaded.config) if loaded is not None else None
             preflight(model, device, dtype, threads, kv_shape=shape, **sizing, **engine_settings)
-        from .sources.model.loader import load_model
+        from .sources.model.loader import open_model
         from .sources.model.runner import ModelRunner, check_threads, resolve_device, resolve_dtype
 
         block_size = setting_spec("block_size").check(engine_settings.get("block_size", setting_spec("block_size").default))
@@ -163,10 +153,12 @@ class LLM:
                 loaded = runner.loaded
             own = loaded is None  # loaded here, for this LLM alone: the runner may take over its weights
             if own:
-                # Read into memory of its own (not memory-mapped), so the runner can free each
-                # layer's weights as it copies them: the two copies never coexist.
+                # Read directly where the model allows (each weight from the file as the runner
+                # copies it); else through transformers into memory of its own (not memory-mapped),
+                # so the runner can free each layer's weights as it copies them: the two copies
+                # never coexist.
                 with _loading_output(quiet):
-                    loaded = load_model(model, progress=progress or (_silent if quiet else None), mmap=False)
+                    loaded = open_model(model, progress=progress or (_silent if quiet else None), mmap=False)
             self.loaded = loaded
             self.tokenizer = loaded.tokenizer
             self.runner = runner if runner is not None else ModelRunner(loaded, device=device, dtype=dtype,

@@ -31,6 +31,10 @@ def bundled_tokenizer():
     folder = gguf_cache_dir(bundled_gguf_path())
     if not (folder / "tokenizer.json").exists():
         return None
+    from pagedkv_core.sources.model.tokenizer import ChatTokenizer, tokenizer_unsupported_reason
+
+    if tokenizer_unsupported_reason(folder) is None:
+        return ChatTokenizer.from_dir(folder)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)

@@ -206,11 +206,11 @@ def test_live_pair_replays_the_logs_lengths_on_the_real_model():
     """Reserve or page's SmolLM2 source with an azure-conv workload: the first 16 requests of the
     shipped trace at 1/8 of their lengths, exact prompt lengths, answers of exactly the scaled
     length (ignore_eos)."""
-    from pagedkv_core.sources.model.loader import load_model
+    from pagedkv_core.sources.model.loader import open_model
     from pagedkv_core.workloads.scenarios import DATA_DIR, read_log_rows, scale_length
     from ui.runs.live import LIVE_LOG_SCALE, live_requests
 
-    tok = load_model(progress=lambda f, m: None).tokenizer
+    tok = open_model(progress=lambda f, m: None).tokenizer
     rows = read_log_rows(DATA_DIR / "azure_conv_2023.csv", 0, 16)
     reqs = live_requests(tok, True)
     assert [r for r, _, _ in reqs] == [f"log{i:02d}" for i in range(16)]

@@ -90,12 +90,12 @@ def test_lesson_scenarios_record_deltas_through_the_engine(no_snapshot_diffing):
 def runner():
     import torch
 
-    from pagedkv_core.sources.model.loader import load_model
+    from pagedkv_core.sources.model.loader import open_model
     from pagedkv_core.sources.model.runner import ModelRunner
 
     before = torch.get_num_threads()  # one thread: see tests/test_llm.py
     torch.set_num_threads(int(os.environ.get("PAGEDKV_TEST_THREADS", "1")))
-    loaded = load_model(None, progress=lambda f, m: None)
+    loaded = open_model(None, progress=lambda f, m: None)
     yield ModelRunner(loaded, device="cpu"), loaded.tokenizer
     torch.set_num_threads(before)
 

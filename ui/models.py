@@ -28,7 +28,7 @@ from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.sizing.kv_math import KVShape, format_bytes
 from pagedkv_core.sizing.memory import check_fits, kv_pool_bytes, session_budget
-from pagedkv_core.sources.model.loader import ModelLoadError, convert_once, gguf_cache_dir, load_model, resolve_source
+from pagedkv_core.sources.model.loader import ModelLoadError, convert_once, gguf_cache_dir, open_model, resolve_source
 from ui import live_kv_events
 
 
@@ -42,7 +42,7 @@ def _load_cached(model_path: str):
     """The model, loaded once per process. Draws nothing: Streamlit replays the elements a cached
     function drew on every later hit, so the first run's conversion progress is drawn outside
     (:func:`loaded_model`)."""
-    return load_model(model_path or None, progress=lambda f, what: None)
+    return open_model(model_path or None, progress=lambda f, what: None)
 
 
 def loaded_model(path: str | None = None):

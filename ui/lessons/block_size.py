@@ -184,7 +184,7 @@ def smollm2_preset() -> Preset | None:
     if lm is None:
         return None
     shape = model_kv_shape(lm)
-    params = sum(p.numel() for p in lm.model.parameters()) / 1e9
+    params = lm.num_parameters / 1e9
     return Preset(f"{lm.name} (loaded, from its config)", shape.num_layers, shape.num_heads or shape.num_kv_heads,
                   shape.num_kv_heads, shape.head_dim, round(params, 4), "fp32", 4.0, 0.5, 512, "this CPU, fp32")
 

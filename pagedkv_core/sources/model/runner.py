@@ -122,12 +122,15 @@ class StepShape:
 class ModelRunner:
     """Runs a loaded Llama model over a paged KV pool; a :class:`TokenSource`.
 
-    ``loaded_model``: a :class:`pagedkv_core.sources.model.loader.LoadedModel`. ``device``: "cpu",
+    ``loaded_model``: a :class:`pagedkv_core.sources.model.loader.LoadedModel`, read directly
+    (``open_model``: each weight is read from the file as it is copied, and nothing else is held) or
+    through transformers (``load_model``). ``device``: "cpu",
     "cuda" or "auto". ``dtype``: None (fp32 on CPU, bf16 on CUDA), or a name / torch dtype.
     ``threads``: torch CPU threads (process-wide) in ``[1, os.cpu_count()]``, None leaves torch's
     default (see :func:`session_threads` for a server with several sessions).
     ``release_source``: free the transformers model's layer weights once copied (the runner then
-    owns the only copy; ``loaded_model.model`` becomes None). For a model loaded for this runner alone.
+    owns the only copy; ``loaded_model.model`` becomes None). For a model loaded for this runner
+    alone (a model read directly holds no weights to free).
     """
 
     def __init__(self, loaded_model, device: str | torch.device | None = "cpu", dtype=None, threads: int | None = None,
@@ -138,20 +141,27 @@ class ModelRunner:
             torch.set_num_threads(check_threads(threads))
         self.loaded = loaded_model
         self.tokenizer = getattr(loaded_model, "tokenizer", None)
-        hf = loaded_model.model
-        self.config = hf.config
-        with torch.no_grad():
-            self.model = LlamaModel(hf, self.device, self.dtype, release_source=release_source)
+        checkpoint = getattr(loaded_model, "checkpoint", None)
+        if checkpoint is not None:  # read directly (open_model): each weight read from the file as it is copied
+            self.config = checkpoint.config
+            with torch.no_grad(), checkpoint.tensors() as weight:
+                self.model = LlamaModel(checkpoint.config, weight, self.device, self.dtype)
+            eos_list = list(checkpoint.eos_token_ids)
+        else:
+            hf = loaded_model.model
+            self.config = hf.config
+            with torch.no_grad():
+                self.model = LlamaModel.from_transformers(hf, self.device, self.dtype, release_source=release_source)
+            eos = getattr(getattr(hf, "generation_config", None), "eos_token_id", None)
+            if eos is None:
+                eos = getattr(self.config, "eos_token_id", None)
+            eos_list = [int(e) for e in eos] if isinstance(eos, (list, tuple)) else ([] if eos is None else [int(eos)])
         self.kv_shape = KVShape.from_config(self.config, name=getattr(loaded_model, "name", None))
         self.max_model_len = int(self.model.max_position)
         self.vocab_size = int(self.model.vocab_size)  # the engine rejects prompt ids at or past it
-        eos = getattr(getattr(hf, "generation_config", None), "eos_token_id", None)
-        if eos is None:
-            eos = getattr(self.config, "eos_token_id", None)
-        eos_list = [int(e) for e in eos] if isinstance(eos, (list, tuple)) else ([] if eos is None else [int(eos)])
         self.eos_token_id: int | None = eos_list[0] if eos_list else None
         self.extra_eos_token_ids: tuple[int, ...] = tuple(eos_list[1:])  # more end tokens, for stop_token_ids
-        if release_source:
+        if release_source and checkpoint is None:
             loaded_model.model = None  # its layers are empty now: nobody may run it
         self._salt = random.getrandbits(63)
         self.num_slots = 0

@@ -127,19 +127,55 @@ def test_play_at_the_end_of_a_finished_run_plays_it_again_from_the_start():
     assert "The end of the run" in " ".join(c.value for c in at.caption)
 
 
-def test_a_press_that_a_fragment_tick_carried_acts_once(monkeypatch):
-    """Streamlit sends a click outside the fragment as a full rerun; a fragment tick that fires
-    first carries it too. The copy in the fragment run is ignored: one press, one toggle."""
-    calls = []
-    toggle = player._outside_fragment(lambda: calls.append(1))
+def _runs(monkeypatch):
+    """A press's callback as the runs that carry it call it: ``fragment(*args)`` and ``full(*args)``
+    (a run's callbacks), and ``controls()`` (a full rerun's body, before its buttons)."""
     import streamlit.runtime.scriptrunner as scriptrunner
 
-    monkeypatch.setattr(scriptrunner, "get_script_run_ctx", lambda: SimpleNamespace(fragment_ids_this_run=["f"]))
-    toggle()
+    monkeypatch.setattr(player, "st", SimpleNamespace(session_state={}))
+    calls = []
+    press = player._once_per_press("p")(lambda delta=None: calls.append(delta))
+
+    def in_run(fragment: bool):
+        def call(*args, **kwargs):
+            ctx = SimpleNamespace(fragment_ids_this_run=["f"] if fragment else None)
+            monkeypatch.setattr(scriptrunner, "get_script_run_ctx", lambda: ctx)
+            press(*args, **kwargs)
+        return call
+    return calls, in_run(True), in_run(False), lambda: player._act_on_kept_press("p")
+
+
+def test_a_press_that_only_a_fragment_tick_carried_acts_once(monkeypatch):
+    """A fragment timer that fires between a click and its full rerun carries the click, and the
+    browser may clear it once sent: the full rerun then carries none. The press acts there, once
+    (the player used to act in full reruns only, and such a Pause was lost)."""
+    calls, fragment, full, controls = _runs(monkeypatch)
+    fragment()
+    fragment()  # a second tick before the full rerun carries the same click
     assert calls == []
-    monkeypatch.setattr(scriptrunner, "get_script_run_ctx", lambda: SimpleNamespace(fragment_ids_this_run=None))
-    toggle()
-    assert calls == [1]
+    controls()  # the full rerun: no click of its own
+    controls()
+    assert calls == [None]
+
+
+def test_a_press_that_a_fragment_tick_and_the_full_rerun_both_carried_acts_once(monkeypatch):
+    """The full rerun carries the click too: one press, one action (not Pause, then Play again)."""
+    calls, fragment, full, controls = _runs(monkeypatch)
+    fragment()
+    full()
+    controls()
+    assert calls == [None]
+    full()  # a later press of the same button, in its own full rerun, acts
+    controls()
+    assert calls == [None, None]
+
+
+def test_a_kept_press_and_a_different_press_both_act_in_order(monkeypatch):
+    calls, fragment, full, controls = _runs(monkeypatch)
+    fragment()  # Pause, carried by a tick alone
+    full(delta=1)  # then Step, in the full rerun
+    controls()
+    assert calls == [None, 1]
 
 
 @pytest.mark.parametrize("rate, label", [(1, "1 step/s"), (10, "10 steps/s"), (2.14, "2.1 steps/s"), (1.0, "1 step/s")])

@@ -26,10 +26,11 @@ pause is numbered, and a hidden field drawn after the step slider (:func:`slider
 number of the last pause the browser has drawn. A request that carries an earlier number was sent
 before the browser had the paused page: it does not move the step (:func:`tick`).
 
-One press, one toggle. A press of a button outside the fragment is sent by Streamlit as a full
-rerun; a fragment timer that fires between the click and that send carries the same press in a
-fragment rerun too, so a callback that acted on both would undo the press (Pause, then Play again
-at once). The player's callbacks act in full reruns only (:func:`_outside_fragment`).
+One press, one action, never none. Streamlit sends a click on a button outside the fragment as a
+full rerun a moment after the click; a fragment timer that fires first carries the press in a
+fragment rerun too. The full rerun then carries the press again, or carries none (the browser
+forgets a press once it has sent it): a fragment run only keeps the press, and the full rerun acts
+on it once, whichever it carries (:func:`_once_per_press`).
 
 The end of a run. Playing stops at the last step of a finished run; Play pressed there plays the
 run again from step 0, as a video player does (it used to turn into Pause and back at once, and
@@ -69,22 +70,46 @@ def _seen_key(key: str) -> str:
     return f"_player_{key}_seen"
 
 
-def _outside_fragment(callback):
-    """``callback`` for a button drawn outside the page's fragment, acting in full reruns only.
+def _pending_key(key: str) -> str:
+    """A press of player ``key`` that a fragment run carried, waiting for the full rerun."""
+    return f"_player_{key}_pending"
 
-    Streamlit sends a click as a full rerun a moment after the click (a zero-delay timer). A
-    fragment's ``run_every`` timer that fires first sends every widget state, the pending click
-    included, as a fragment rerun. The click then reaches the callbacks twice: Play/Pause would
-    toggle twice (the press lost), Step would step twice. A click on a button outside the fragment
-    always comes with a full rerun, so the copy in a fragment rerun is the duplicate."""
-    def guarded(*args, **kwargs):
-        from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-        ctx = get_script_run_ctx()
-        if ctx is not None and ctx.fragment_ids_this_run:
-            return
-        callback(*args, **kwargs)
-    return guarded
+def _once_per_press(key: str):
+    """A decorator for the callbacks of player ``key``'s buttons (drawn outside the page's
+    fragment): each press acts once, in the full rerun that follows it, and is never lost.
+
+    Streamlit sends a click as a full rerun a moment after it (a zero-delay timer). A fragment's
+    ``run_every`` timer that fires first sends every widget state, the click included, as a
+    fragment rerun. Then either the full rerun carries the click too (it reaches the callbacks
+    twice: acted on both times, Pause then Play again at once, the press undone), or it carries
+    none, because the browser cleared the click once sent (acted on in full reruns only, the press
+    was lost: once in a while a Pause that did not pause). So a fragment run only keeps the press
+    (the last one it carried); the full rerun's callback acts on its own press, and on a kept one
+    that is a different press first; a kept press the full rerun did not carry acts in
+    :func:`controls` (:func:`_act_on_kept_press`), before the buttons are drawn."""
+    def decorate(callback):
+        def guarded(*args, **kwargs):
+            from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+            press = (f"{callback.__name__} {args!r} {sorted(kwargs.items())!r}", callback, args, kwargs)
+            ctx = get_script_run_ctx()
+            if ctx is not None and ctx.fragment_ids_this_run:
+                st.session_state[_pending_key(key)] = press
+                return
+            kept = st.session_state.pop(_pending_key(key), None)
+            if kept is not None and kept[0] != press[0]:
+                kept[1](*kept[2], **kept[3])
+            callback(*args, **kwargs)
+        return guarded
+    return decorate
+
+
+def _act_on_kept_press(key: str) -> None:
+    """A press that only a fragment run carried: the full rerun after it carried none. It acts now."""
+    kept = st.session_state.pop(_pending_key(key), None)
+    if kept is not None:
+        kept[1](*kept[2], **kept[3])
 
 
 def parse_speed(text: str) -> int:
@@ -142,8 +167,9 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
     st.session_state.setdefault(step_key, 0)
     last = max(0, num_steps - 1)
     state["end"] = None if can_grow or last == 0 else last  # where Play starts the run again
+    once = _once_per_press(key)
 
-    @_outside_fragment
+    @once
     def move(delta=None, to=None):
         cur = int(st.session_state.get(step_key, 0))
         target = to if to is not None else cur + delta
@@ -157,7 +183,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
         if delta == 1:
             state["advance"] = True
 
-    @_outside_fragment
+    @once
     def toggle():
         # The press carries the step slider as the browser drew it: the step on the screen.
         shown = int(st.session_state.get(step_key, 0))
@@ -168,7 +194,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
             shown = st.session_state[step_key] = 0
         _begin(state, shown)
 
-    @_outside_fragment
+    @once
     def jump():
         kind = st.session_state.get(f"{key}_event_kind", next(iter(run_events.SHORT_NAMES.values())))
         cur = int(st.session_state.get(step_key, 0))
@@ -181,6 +207,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
             if state["playing"]:
                 _begin(state, target)
 
+    _act_on_kept_press(key)  # before the buttons: Play/Pause shows what the press did
     with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
         st.button("Reset", icon=":material/first_page:", key=f"{key}_reset", on_click=move, kwargs={"to": 0})
         st.button("Back", icon=":material/chevron_left:", key=f"{key}_back", on_click=move, kwargs={"delta": -1})

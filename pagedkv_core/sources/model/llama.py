@@ -1,9 +1,10 @@
 """Our own Llama forward over a flattened token batch and a paged KV pool.
 
-The weights are read by name, from the converted safetensors file (:mod:`pagedkv_core.sources.model.checkpoint`)
-or a transformers model (:meth:`LlamaModel.from_transformers`), into plain tensors: the Q, K and V projections fused into one matrix, the gate and up projections
-fused into another (on the CPU in fp32 and bf16 each matrix is pre-packed for oneDNN once, see
-:class:`Linear`). One forward runs every token of a step at once:
+The weights are read by name, from the converted safetensors file
+(:mod:`pagedkv_core.sources.model.checkpoint`) or a transformers model
+(:meth:`LlamaModel.from_transformers`), into plain tensors: the Q, K and V projections fused into
+one matrix, the gate and up projections fused into another (on the CPU in fp32 and bf16 each matrix
+is pre-packed for oneDNN once, see :class:`Linear`). One forward runs every token of a step at once:
 
     tokens [T] -> embedding -> 30 x (RMSNorm -> fused QKV -> rotary -> write K/V through the slot
     mapping -> attention -> O -> residual -> RMSNorm -> SiLU-gated MLP -> residual)
@@ -242,7 +243,7 @@ class LlamaModel:
         def release(i: int) -> None:
             prefix = f"model.layers.{i}." if i >= 0 else ""
             for name, p in params.items():
-                if name.startswith(prefix) and isinstance(p, torch.nn.Parameter):
+                if name.startswith(prefix):
                     p.data = torch.empty(0, dtype=p.dtype)
 
         return cls(hf_model.config, params.get, device, dtype, release if release_source else None)

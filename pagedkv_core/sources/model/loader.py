@@ -254,7 +254,8 @@ def open_model(model: str | os.PathLike | None = None, *, progress: Progress | N
     allows (:func:`~.checkpoint.unsupported_reason`): its config and tokenizer now, its weights by
     name when a runner copies them (``checkpoint``; ``model`` is None). The bundled SmolLM2 always
     reads this way, in well under a second once converted; a directory the direct reader does not
-    cover is loaded through transformers (:func:`load_model`, with ``mmap``). Raises :class:`ModelLoadError`."""
+    cover is loaded through transformers (:func:`load_model`, with ``mmap``). Raises
+    :class:`ModelLoadError`."""
     from .checkpoint import read_checkpoint, unsupported_reason
     from .tokenizer import ChatTokenizer
 

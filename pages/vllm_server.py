@@ -31,10 +31,11 @@ def bundled_tokenizer():
     folder = gguf_cache_dir(bundled_gguf_path())
     if not (folder / "tokenizer.json").exists():
         return None
-    from pagedkv_core.sources.model.tokenizer import ChatTokenizer, tokenizer_unsupported_reason
+    from pagedkv_core.sources.model.tokenizer import open_tokenizer
 
-    if tokenizer_unsupported_reason(folder) is None:
-        return ChatTokenizer.from_dir(folder)
+    tok, _ = open_tokenizer(folder)
+    if tok is not None:
+        return tok
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)

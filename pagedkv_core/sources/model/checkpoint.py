@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,11 @@ def unsupported_reason(folder: Path) -> str | None:
     as transformers would; else what stops them, in words."""
     from .tokenizer import tokenizer_unsupported_reason
 
+    return weights_unsupported_reason(folder) or tokenizer_unsupported_reason(folder)
+
+
+def weights_unsupported_reason(folder: Path) -> str | None:
+    """:func:`unsupported_reason`, its config and weights only (not its tokenizer)."""
     folder = Path(folder)
     for name in ("config.json", WEIGHTS_FILE):
         if not (folder / name).is_file():
@@ -74,7 +80,7 @@ def unsupported_reason(folder: Path) -> str | None:
     rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
     if rope_type not in DIRECT_ROPE_TYPES:
         return f"rope type {rope_type!r}"
-    return tokenizer_unsupported_reason(folder)
+    return None
 
 
 @dataclass
@@ -84,6 +90,7 @@ class Checkpoint:
     folder: Path
     config: ModelConfig
     eos_token_ids: list[int]  # generation_config.json's end tokens, else config.json's
+    num_parameters: int  # weights in the file (a tied LM head is not stored twice), from its header
 
     @contextlib.contextmanager
     def tensors(self):
@@ -92,8 +99,6 @@ class Checkpoint:
         read, not memory-mapped, so its pages never count in the process's resident memory."""
         import torch
 
-        if not _DTYPES:
-            _DTYPES.update({key: getattr(torch, name) for key, name in _DTYPE_NAMES.items()})
         with open(self.folder / WEIGHTS_FILE, "rb") as f:
             header, data_start = _read_header(f)
 
@@ -101,11 +106,11 @@ class Checkpoint:
                 entry = header.get(name)
                 if entry is None:
                     return None
-                dtype = _DTYPES.get(entry["dtype"])
+                dtype = _DTYPE_NAMES.get(entry["dtype"])
                 if dtype is None:
                     raise ValueError(f"{WEIGHTS_FILE}: tensor {name} has dtype {entry['dtype']}, which is not read here")
                 begin, end = entry["data_offsets"]
-                out = torch.empty(entry["shape"], dtype=dtype)
+                out = torch.empty(entry["shape"], dtype=getattr(torch, dtype))
                 view = memoryview(out.view(torch.uint8).numpy()).cast("B") if out.numel() else memoryview(b"")
                 if len(view) != end - begin:
                     raise ValueError(f"{WEIGHTS_FILE}: tensor {name} holds {end - begin} bytes, not {len(view)}")
@@ -116,17 +121,9 @@ class Checkpoint:
 
             yield weight
 
-    def num_parameters(self) -> int:
-        """Weights in the file (a tied LM head is not stored twice), from its header alone."""
-        import math
-
-        with open(self.folder / WEIGHTS_FILE, "rb") as f:
-            header, _ = _read_header(f)
-        return sum(math.prod(entry["shape"]) for entry in header.values())
 
 
-_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
-_DTYPES: dict = {}
+_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}  # safetensors -> torch
 
 
 def _read_header(f) -> tuple[dict, int]:
@@ -148,8 +145,8 @@ def _eos_ids(value) -> list[int]:
 
 
 def read_checkpoint(folder: Path) -> Checkpoint:
-    """The config and end tokens of ``folder`` (its weights are read later, by name). Raises
-    OSError or ValueError for a file that cannot be read."""
+    """The config, end tokens and parameter count of ``folder`` (its weights are read later, by
+    name). Raises OSError or ValueError for a file that cannot be read."""
     folder = Path(folder)
     config = read_config(folder)
     eos = []
@@ -158,4 +155,6 @@ def read_checkpoint(folder: Path) -> Checkpoint:
         eos = _eos_ids(_read_json(generation).get("eos_token_id"))
     if not eos:
         eos = _eos_ids(getattr(config, "eos_token_id", None))
-    return Checkpoint(folder, config, eos)
+    with open(folder / WEIGHTS_FILE, "rb") as f:
+        header, _ = _read_header(f)
+    return Checkpoint(folder, config, eos, sum(math.prod(entry["shape"]) for entry in header.values()))

@@ -63,7 +63,7 @@ class LoadedModel:
     def num_parameters(self) -> int:
         """The model's weights (a tied LM head counted once)."""
         if self.checkpoint is not None:
-            return self.checkpoint.num_parameters()
+            return self.checkpoint.num_parameters
         return sum(p.numel() for p in self.model.parameters())
 
     @property
@@ -256,21 +256,23 @@ def open_model(model: str | os.PathLike | None = None, *, progress: Progress | N
     reads this way, in well under a second once converted; a directory the direct reader does not
     cover is loaded through transformers (:func:`load_model`, with ``mmap``). Raises
     :class:`ModelLoadError`."""
-    from .checkpoint import read_checkpoint, unsupported_reason
-    from .tokenizer import ChatTokenizer
+    from .checkpoint import read_checkpoint, weights_unsupported_reason
+    from .tokenizer import open_tokenizer
 
     progress = progress or _cli_progress
     start = time.perf_counter()
     source = resolve_source(model)
     converted = convert_once(source, progress)
     weights_dir = gguf_cache_dir(source) if source.is_file() else source
-    if unsupported_reason(weights_dir) is not None:
+    tokenizer = None
+    if weights_unsupported_reason(weights_dir) is None:
+        tokenizer, _ = open_tokenizer(weights_dir)
+    if tokenizer is None:  # something the direct reader does not cover (checkpoint.unsupported_reason)
         return load_model(model, progress=progress, mmap=mmap)
     progress(0.92, f"reading {weights_dir.name}")
     try:
         checkpoint = read_checkpoint(weights_dir)
         _check_architecture(checkpoint.config, source)
-        tokenizer = ChatTokenizer.from_dir(weights_dir)
     except ModelLoadError:
         raise
     except Exception as exc:

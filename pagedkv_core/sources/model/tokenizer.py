@@ -6,7 +6,7 @@ ids and text: ``tok(text)["input_ids"]``, ``tok.decode(ids, skip_special_tokens=
 ``tok.apply_chat_template(messages, add_generation_prompt=..., tokenize=...)``. It reads a
 directory whose tokenizer transformers would load unchanged (a ``TokenizersBackend`` or
 ``PreTrainedTokenizerFast`` with no option that makes transformers rebuild or post-process it);
-:func:`tokenizer_unsupported_reason` names what it does not cover. The bundled SmolLM2's converted
+:func:`open_tokenizer` names what it does not cover. The bundled SmolLM2's converted
 copy is such a directory; ``tests/test_direct_load.py`` checks it against transformers.
 """
 from __future__ import annotations
@@ -41,32 +41,38 @@ def _read_template(folder: Path, config: dict) -> str | None:
 
 def tokenizer_unsupported_reason(folder: Path) -> str | None:
     """None when :meth:`ChatTokenizer.from_dir` reads ``folder``'s tokenizer as transformers does."""
+    return open_tokenizer(folder)[1]
+
+
+def open_tokenizer(folder: Path) -> tuple["ChatTokenizer | None", str | None]:
+    """``(the tokenizer, None)`` when ``folder``'s tokenizer reads here as transformers reads it,
+    else ``(None, what stops it, in words)``."""
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
-        return "no tokenizer.json"
+        return None, "no tokenizer.json"
     config_path = folder / "tokenizer_config.json"
     try:
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     except (OSError, ValueError) as exc:
-        return f"tokenizer_config.json unreadable ({exc})"
+        return None, f"tokenizer_config.json unreadable ({exc})"
     if not isinstance(config, dict):
-        return "tokenizer_config.json is not an object"
+        return None, "tokenizer_config.json is not an object"
     if config.get("tokenizer_class", PLAIN_CLASSES[0]) not in PLAIN_CLASSES:
-        return f"tokenizer class {config.get('tokenizer_class')!r}"
+        return None, f"tokenizer class {config.get('tokenizer_class')!r}"
     extra = sorted(set(config) - PLAIN_KEYS)
     if extra:
-        return f"tokenizer options {', '.join(extra)}"
+        return None, f"tokenizer options {', '.join(extra)}"
     if config.get("clean_up_tokenization_spaces"):
-        return "clean_up_tokenization_spaces"
+        return None, "clean_up_tokenization_spaces"
     if not isinstance(config.get("chat_template", ""), str):
-        return "several named chat templates"
+        return None, "several named chat templates"
     try:
         tok = ChatTokenizer.from_dir(folder)
     except Exception as exc:  # a template that does not compile here (a transformers-only tag), a bad file
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if tok.vocab_size > LARGE_VOCAB:
-        return f"a vocabulary of {tok.vocab_size:,} tokens"
-    return None
+        return None, f"a vocabulary of {tok.vocab_size:,} tokens"
+    return tok, None
 
 
 def _compile_template(source: str):

@@ -15,11 +15,12 @@ and its own Streamlit session), in three acts:
 The sessions load one after the other. One Chromium on two cores draws every page: five pages
 loading at once cost it about 45 CPU-seconds, one at a time about 1 each (measured), and a
 classroom's laptops each load one page anyway. The server is ``python -m ui.serve`` on a free
-127.0.0.1 port, with a short ``server.disconnectedSessionTTL`` so that closed sessions expire
-within the test; it is killed at the end. Memory is the server's VmRSS from /proc. Every wait is
-bounded, the waits for playing sessions by their progress (:data:`STALL_S` after the last seen),
-and the whole test is under a hard alarm. A session that does not advance is told apart from one
-whose Play press never took effect (its button never said Pause).
+127.0.0.1 port, with a ``server.disconnectedSessionTTL`` short enough that closed sessions expire
+within the test, and long enough that a starved page that reconnects keeps its session; it is
+killed at the end. Memory is the server's VmRSS from /proc. Every wait is bounded, the waits for
+playing sessions by their progress (:data:`STALL_S` after the last seen), and the whole test is
+under a hard alarm. A session that does not advance is told apart from one whose Play press never
+took effect (its button never said Pause), and what its page did is printed (:data:`TIMELINE`).
 """
 from __future__ import annotations
 
@@ -45,7 +46,18 @@ CLOSED_SESSIONS = 30
 # ticks (more fragment runs in flight at once), not for a session's state that is never freed.
 PEAK_RSS_MB = 250
 RETURN_MB = 50
-SESSION_TTL_S = 5  # server.disconnectedSessionTTL for the test (Streamlit's default is 120)
+# One Chromium drawing 20 playing pages, as no classroom does, can leave a page's renderer too busy
+# to read its websocket for a minute or more. The server's keepalive ping (Streamlit's default:
+# every 30 s, answered within 30 s) then goes unanswered in time, and the server drops the
+# connection (uvicorn's "keepalive ping timeout"). The page reconnects, and the server gives it its
+# session back if it comes within server.disconnectedSessionTTL (Streamlit's default 120 s); past
+# it the page gets a fresh session: Play at step 0. On one core shared with a busy loop, 13-15 of
+# the 31 sessions were dropped so, and some came back 35-52 s later (the server's clock): with the
+# test's TTL at 5 s (before 2026-12-04) or 30 s they lost their state, and the test took the press
+# for lost (CI: 3 sessions of 20). So the test's server pings every 120 s, and keeps a closed
+# session for 30 s: short enough that closed sessions expire within the test.
+PING_S = 120  # server.websocketPingInterval (Streamlit sets the pong deadline to the same)
+SESSION_TTL_S = 30  # server.disconnectedSessionTTL
 HARD_TIMEOUT_S = 900  # measured 198-313 s (alone; beside the other xdist worker), 500+ on a busy 2-core machine
 WAIT_MS = 120_000  # one page's load on a machine shared with other tests
 POLL_MS = 5_000  # one look at a playing page's step
@@ -54,6 +66,30 @@ POLL_MS = 5_000  # one look at a playing page's step
 STALL_S = 180
 STEP_INPUT = '[data-testid="stMain"] [data-testid="stSlider"] input[aria-label="Step"]'
 PLAY = ".st-key-rop_play button"
+# What each session's page did, kept from its first moment (seconds since the page began: each
+# pointer press and click with the step and button then shown, each script run's start and end,
+# each websocket opened and closed), so that a press that never took effect says whether it
+# reached the page, whether a run followed, and whether the connection was lost meanwhile.
+TIMELINE = """(() => {
+    const step = () => { const s = document.querySelector('%s'); return s ? +s.getAttribute('value') : null; };
+    const label = () => { const b = document.querySelector('%s'); return b ? b.innerText.trim().split('\\n').pop() : null; };
+    window.__timeline = [];
+    const note = (what) => { if (window.__timeline.length < 300)
+        window.__timeline.push([+(performance.now() / 1000).toFixed(2), what, step(), label()]); };
+    document.addEventListener('pointerdown', () => note('pointerdown'), true);
+    document.addEventListener('click', () => note('click'), true);
+    new MutationObserver((records) => { for (const r of records) note('script ' + r.target.getAttribute('data-test-script-state')); })
+        .observe(document, {attributes: true, subtree: true, attributeFilter: ['data-test-script-state']});
+    const Socket = window.WebSocket;
+    window.WebSocket = function (...args) {
+        const ws = new Socket(...args);
+        ws.addEventListener('open', () => note('websocket open'));
+        ws.addEventListener('close', (e) => note('websocket closed ' + e.code));
+        return ws;
+    };
+    window.WebSocket.prototype = Socket.prototype;
+    Object.assign(window.WebSocket, {CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3});
+})();""" % (STEP_INPUT, PLAY)
 
 
 def rss_mb(pid: int) -> float:
@@ -82,8 +118,9 @@ def hard_timeout(seconds: int):
 @contextlib.contextmanager
 def classroom_server():
     """(base URL, pid) of an app server outside workshop mode whose closed sessions expire
-    after :data:`SESSION_TTL_S`."""
-    with app_server("--server.disconnectedSessionTTL", str(SESSION_TTL_S), env={"PAGEDKV_WORKSHOP": "0"}) as (url, proc):
+    after :data:`SESSION_TTL_S`, pinging its pages every :data:`PING_S`."""
+    with app_server("--server.disconnectedSessionTTL", str(SESSION_TTL_S), "--server.websocketPingInterval",
+                    str(PING_S), env={"PAGEDKV_WORKSHOP": "0"}) as (url, proc):
         yield url, proc.pid
 
 
@@ -106,6 +143,7 @@ class Session:
 
     def __init__(self, browser, url: str):
         self.context = browser.new_context(viewport={"width": 800, "height": 600})
+        self.context.add_init_script(TIMELINE)
         self.page = self.context.new_page()
         self.page.set_default_timeout(WAIT_MS)
         self.page.goto(f"{url}/{PAGE}", wait_until="commit")
@@ -144,6 +182,10 @@ class Session:
 
     def exceptions(self) -> int:
         return self.page.locator('[data-testid="stException"]').count()
+
+    def timeline(self) -> list:
+        """What the page did from its first moment (:data:`TIMELINE`)."""
+        return self.page.evaluate("() => window.__timeline")
 
     def close(self) -> None:
         self.context.close()
@@ -218,6 +260,8 @@ def test_a_classroom_plays_at_once_within_a_memory_bound_and_gives_the_memory_ba
         (ROOT / "test-output").mkdir(exist_ok=True)
         for i in stuck:
             classroom[i].page.screenshot(path=str(ROOT / "test-output" / f"load-stuck-session-{i}.png"))
+            print(f"session {i}, stuck at step {before[i]}: what its page did (s, what, step, button): "
+                  f"{classroom[i].timeline()}")
         assert not lost, f"sessions {lost}: the Play press never took effect (screenshots in test-output/)"
         assert not stuck, f"sessions {stuck} did not advance from {[before[i] for i in stuck]} (screenshots in test-output/)"
         assert not errors, f"sessions {errors} show an exception"

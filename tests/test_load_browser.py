@@ -19,8 +19,9 @@ classroom's laptops each load one page anyway. The server is ``python -m ui.serv
 within the test, and long enough that a starved page that reconnects keeps its session; it is
 killed at the end. Memory is the server's VmRSS from /proc. Every wait is bounded, the waits for
 playing sessions by their progress (:data:`STALL_S` after the last seen), and the whole test is
-under a hard alarm. A session that does not advance is told apart from one whose Play press never
-took effect (its button never said Pause), and what its page did is printed (:data:`TIMELINE`).
+under a hard alarm. A session that does not advance is told apart from one whose connection was
+dropped (its page saw its websocket close) and from one whose Play press never took effect (its
+button never said Pause), and what its page did is printed (:data:`TIMELINE`).
 """
 from __future__ import annotations
 
@@ -258,10 +259,15 @@ def test_a_classroom_plays_at_once_within_a_memory_bound_and_gives_the_memory_ba
               f"{played_at - start - loaded:.0f} s later, every one seen advancing within {played:.0f} s; "
               f"peak {peak:.0f} MiB")
         (ROOT / "test-output").mkdir(exist_ok=True)
+        dropped = []
         for i in stuck:
             classroom[i].page.screenshot(path=str(ROOT / "test-output" / f"load-stuck-session-{i}.png"))
-            print(f"session {i}, stuck at step {before[i]}: what its page did (s, what, step, button): "
-                  f"{classroom[i].timeline()}")
+            timeline = classroom[i].timeline()
+            print(f"session {i}, stuck at step {before[i]}: what its page did (s, what, step, button): {timeline}")
+            if any(what.startswith("websocket closed") for _, what, *_ in timeline):
+                dropped.append(i)
+        assert not dropped, (f"sessions {dropped}: their connection was dropped, and they did not advance (timelines "
+                             f"printed, screenshots in test-output/)")
         assert not lost, f"sessions {lost}: the Play press never took effect (screenshots in test-output/)"
         assert not stuck, f"sessions {stuck} did not advance from {[before[i] for i in stuck]} (screenshots in test-output/)"
         assert not errors, f"sessions {errors} show an exception"

@@ -122,7 +122,6 @@ class Checkpoint:
             yield weight
 
 
-
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}  # safetensors -> torch
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol
 
 from .sampling import SamplingParams
@@ -44,33 +45,38 @@ class SeqWork:
         return len(self.token_ids) > 1 or self.start_pos == 0
 
 
+_SEQ_ID, _REQUEST_ID, _SAMPLE_INDEX = map(attrgetter, ("seq_id", "request.request_id", "sample_index"))
+
+
 @dataclass(slots=True)
 class DecodeLane:
     """A step's *plain decodes*: each sequence writes the K/V of its last token at ``slots[i]``,
     a slot it already holds alone (see ``Allocator.decode_slot``), and samples one token. The
     scheduler collects them in one pass and writes them in one call; a token source that reads
     the lane (``reads_lane``) gets them here, as columns, instead of one :class:`SeqWork` each,
-    and answers them in ``execute``'s dict like the rest. Read the columns before the step
-    completes (it appends each sequence's new token)."""
+    and answers them in ``tokens`` (one new token each, in the lane's order), not in
+    ``execute``'s dict. Read the columns before the step completes (it appends each sequence's
+    new token)."""
 
     seqs: list = field(default_factory=list)  # the scheduler's Sequence objects (sources read the columns)
     slots: list[int] = field(default_factory=list)
     at: list[int] = field(default_factory=list)  # each one's place among the step's sequences (for order)
+    tokens: list[int] | None = None  # the source's answer: seqs[i]'s new token is tokens[i]
 
     def __len__(self) -> int:
         return len(self.seqs)
 
     @property
     def seq_ids(self) -> list[int]:
-        return [s.seq_id for s in self.seqs]
+        return list(map(_SEQ_ID, self.seqs))
 
     @property
     def request_ids(self) -> list[str]:
-        return [s.request.request_id for s in self.seqs]
+        return list(map(_REQUEST_ID, self.seqs))
 
     @property
     def sample_indices(self) -> list[int]:
-        return [s.sample_index for s in self.seqs]
+        return list(map(_SAMPLE_INDEX, self.seqs))
 
     @property
     def num_output_tokens(self) -> list[int]:
@@ -124,5 +130,5 @@ class TokenSource(Protocol):
     def execute(self, batch: ScheduledBatch) -> dict[int, list[int]]:
         """Run one step. Returns seq_id -> new token ids for every SeqWork with
         num_samples > 0 (a list of length num_samples; one per sample, sample i's token
-        first-drawn for sample_index i), and for every sequence of ``batch.lane`` (one token).
-        Sequences with num_samples == 0 are absent."""
+        first-drawn for sample_index i). Sequences with num_samples == 0 are absent. A source
+        that reads the lane puts its sequences' tokens in ``batch.lane.tokens``, in its order."""

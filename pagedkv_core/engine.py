@@ -51,6 +51,7 @@ from .record.snapshot import StepSnapshot, seq_arrays, take_snapshot
 
 
 _INDEX = operator.attrgetter("index")  # requests in submission order
+_FINISHED = int(SequenceStatus.FINISHED)
 
 
 def _is_utf8(text: str) -> bool:
@@ -92,6 +93,8 @@ class Engine:
         self.recording = recording
         if recording is not None:
             recording.start(self.view.scalars(), self.view.arrays)
+        elif self.view is not None:
+            self.view.tracking = False  # snapshots copy the whole view: nobody reads what a fold touched
         self.requests: dict[str, Request] = {}
         self._pending: list[tuple[int, int, Request]] = []  # heap of (arrival_step, index, request)
         self._feed = None  # requests still to come, pulled as they arrive (feed())
@@ -382,7 +385,23 @@ class Engine:
         touched = sorted(self.scheduler.touched, key=_INDEX)
         sampled = self.scheduler.sampled
         outputs = []
+        add = outputs.append
         for request in touched:
+            seqs = request.seqs
+            if len(seqs) == 1 and request.sampling.n == 1 and request.reject_reason is None:  # the usual case
+                s = seqs[0]
+                ids = s.token_ids
+                finished = s.status >= _FINISHED  # what request.finished says for one sample
+                out = CompletionOutput(s.sample_index, TokenIds(ids, s.num_prompt_tokens, len(ids)),
+                                       [ids[-1]] if s.seq_id in sampled else [], s.finish_reason)
+                if finished:
+                    self.num_finished += 1
+                    if self._release_finished:
+                        self._release(request)
+                    add(RequestOutput(request.request_id, request.prompt_token_ids, [out], True, request.finish_reason))
+                else:
+                    add(RequestOutput(request.request_id, request.prompt_token_ids, [out], False, None))
+                continue
             if request.reject_reason is not None:
                 outs = [CompletionOutput(i, [], [], FINISH_REJECTED) for i in range(request.n)]
                 outputs.append(
@@ -426,6 +445,7 @@ class Engine:
         use = self.allocator.usage()
         allocated = use.allocated_slots
         queried = use.queried_tokens
+        blocks = seq_num_blocks.tolist()  # the mean as numpy's: float64 sums of ints are exact here
         return StepMetrics.of(
             counts,
             sched.totals,
@@ -442,8 +462,8 @@ class Engine:
             fragmented_slots=use.fragmented_slots,
             largest_free_run=use.largest_free_run,
             next_reservation=head_need,
-            mean_blocks_per_seq=float(seq_num_blocks.mean()) if len(seq_num_blocks) else 0.0,
-            max_blocks_per_seq=int(seq_num_blocks.max()) if len(seq_num_blocks) else 0,
+            mean_blocks_per_seq=sum(blocks) / len(blocks) if blocks else 0.0,
+            max_blocks_per_seq=max(blocks) if blocks else 0,
             num_finished=self.num_finished,
             num_rejected=self.num_rejected,
             execute_s=execute_s,

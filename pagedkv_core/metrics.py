@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from operator import attrgetter
 
 
 @dataclass
@@ -39,8 +40,11 @@ class StepCounts:
     tokens_generated: int = 0
 
     def add(self, other: "StepCounts") -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for name in _COUNT_NAMES:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+_COUNT_NAMES = tuple(f.name for f in fields(StepCounts))
 
 
 # StepMetrics names (kept as vLLM-style signal names, and as traces store them) -> StepCounts names.
@@ -49,6 +53,7 @@ _PER_STEP = {"num_running": "num_running", "step_preemptions": "preemptions", "s
              "step_tokens_generated": "tokens_generated"}
 _CUMULATIVE = {"num_preemptions": "preemptions", "num_swaps_out": "swaps_out", "num_swaps_in": "swaps_in",
                "num_recomputes": "recomputes", "tokens_generated": "tokens_generated"}
+_PER_STEP_OF, _CUMULATIVE_OF = attrgetter(*_PER_STEP.values()), attrgetter(*_CUMULATIVE.values())
 _SUMMARY_TOTALS = ("preemptions", "swaps_out", "swaps_in", "recomputes", "tokens_generated")
 
 
@@ -91,9 +96,7 @@ class StepMetrics:
     @classmethod
     def of(cls, step: StepCounts, totals: StepCounts, **rest) -> "StepMetrics":
         """This step's and the run's counts under their metric names, plus the other signals."""
-        counts = {m: getattr(step, c) for m, c in _PER_STEP.items()}
-        counts.update({m: getattr(totals, c) for m, c in _CUMULATIVE.items()})
-        return cls(**counts, **rest)
+        return cls(**dict(zip(_PER_STEP, _PER_STEP_OF(step))), **dict(zip(_CUMULATIVE, _CUMULATIVE_OF(totals))), **rest)
 
     @classmethod
     def from_json(cls, data: dict) -> "StepMetrics":

@@ -47,7 +47,7 @@ class TokenIds(Sequence):
         return repr(list(self))
 
 
-@dataclass
+@dataclass(slots=True)
 class CompletionOutput:
     """One sample of a request."""
 
@@ -58,7 +58,7 @@ class CompletionOutput:
     text: str | None = None  # decoded answer (LLM: once the request finishes, "" before); None from the engine
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """The result of one prompt so far: its ``n`` samples in ``outputs``."""
 

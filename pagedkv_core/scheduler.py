@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -46,6 +47,7 @@ from .sequence import FINISH_LENGTH, FINISH_STOP, Request, Sequence, SequenceSta
 
 _ORDER = lambda s: s.order  # noqa: E731  (FCFS key: request index, sample index)
 _PLACE = lambda pair: pair[0]  # noqa: E731  (finished sequences: their place in the step)
+_REQUEST, _SEQ_ID = attrgetter("request"), attrgetter("seq_id")
 
 
 @dataclass(slots=True)
@@ -343,11 +345,7 @@ class Scheduler:
         if lane.seqs:
             seqs = lane.seqs
             alloc.write_decodes(lane.slots, [s.token_ids[-1] for s in seqs])  # each one's last token, before its new one
-            for at, seq in zip(lane.at, seqs):
-                tokens = get(seq.seq_id)
-                if tokens is None or len(tokens) != 1:
-                    raise RuntimeError(f"token source returned {tokens!r} for sequence {seq.seq_id}; expected 1 token(s)")
-                token = int(tokens[0])
+            for at, seq, token in zip(lane.at, seqs, self._lane_tokens(lane, new_tokens)):
                 seq.num_computed += 1
                 ids = seq.token_ids
                 ids.append(token)
@@ -356,8 +354,8 @@ class Scheduler:
                     if reason is not None:
                         finished.append((at, seq))
                         seq.finish_reason = reason
-            self.touched.update([s.request for s in seqs])
-            self.sampled.update([s.seq_id for s in seqs])
+            self.touched.update(map(_REQUEST, seqs))
+            self.sampled.update(map(_SEQ_ID, seqs))
             generated += len(seqs)
             finished.sort(key=_PLACE)
         for _, seq in finished:
@@ -368,6 +366,22 @@ class Scheduler:
         counts.tokens_generated = generated
         self.totals.add(counts)
         return Completion(counts, events)
+
+    def _lane_tokens(self, lane: DecodeLane, new_tokens: dict[int, list[int]]) -> list[int]:
+        """The lane's new tokens, in its order: ``lane.tokens`` from a source that reads the lane,
+        else each sequence's one token from ``new_tokens``."""
+        if self.lane_source:
+            tokens = lane.tokens
+            if tokens is None or len(tokens) != len(lane.seqs):
+                raise RuntimeError(f"token source answered {tokens!r} for a lane of {len(lane.seqs)} plain decodes")
+            return tokens
+        out = []
+        for seq in lane.seqs:
+            tokens = new_tokens.get(seq.seq_id)
+            if tokens is None or len(tokens) != 1:
+                raise RuntimeError(f"token source returned {tokens!r} for sequence {seq.seq_id}; expected 1 token(s)")
+            out.append(int(tokens[0]))
+        return out
 
     def _fork(self, seq: Sequence, num_samples: int, events: list[Event]) -> list[Sequence]:
         """The ``num_samples - 1`` children of a prefilled ``seq``, sharing its blocks."""

@@ -90,6 +90,9 @@ class PoolView:
         self._slots: list[int] = []
         self._blocks: list[int] = []
         self._tables: set[int] = set()
+        # False: nobody reads take_changes() (an engine that snapshots but records nothing), so a
+        # fold of many blocks or slots at once skips listing their ranges.
+        self.tracking = True
         self._fold = {
             log.TAKEN: self._taken, log.HELD: self._held, log.RELEASED: self._released, log.FILLED: self._filled,
             log.COPIED: self._copied, log.CACHED: self._cached, log.UNCACHED: self._uncached,
@@ -183,11 +186,19 @@ class PoolView:
         for b in blocks:
             holders[b] = [seq_id]
         self._owner_of[seq_id] = owner
-        if len(blocks) < _BULK:
+        if len(blocks) < _BULK:  # one at a time: what _clear_tokens and _refresh would do, for one holder
+            bs = self.block_size
             for b in blocks:
+                base = b * bs
+                self._blocks += (b, b + 1)
+                self._slots += (base, base + bs)
                 self.block_hash[b] = NO_HASH
-                self._clear_tokens(b)
-                self._refresh(b)
+                self.block_fill[b] = 0
+                self.block_ref[b] = 1
+                self.block_state[b] = _EMPTY
+                self.slot_token[base : base + bs] = -1
+                self.slot_state[base : base + bs] = _EMPTY
+                self.slot_owner[base : base + bs] = owner
             return
         at = np.array(blocks, dtype=np.int64)
         slots = self._slots_of(at)
@@ -217,11 +228,22 @@ class PoolView:
             else:
                 del holders[b]
                 unheld.append(b)
-        if len(unheld) < _BULK:
+        if len(unheld) < _BULK:  # one at a time: what _clear_tokens and _refresh would do, held by none
+            bs = self.block_size
             for b in unheld:
+                base = b * bs
+                self._blocks += (b, b + 1)
+                self._slots += (base, base + bs)
                 if self.block_hash[b] == NO_HASH:
-                    self._clear_tokens(b)
-                self._refresh(b)
+                    self.block_fill[b] = 0
+                    self.slot_token[base : base + bs] = -1
+                    code = _FREE
+                else:
+                    code = _CACHED
+                self.block_ref[b] = 0
+                self.block_state[b] = code
+                self.slot_state[base : base + bs] = code
+                self.slot_owner[base : base + bs] = -1
             return
         at = np.array(unheld, dtype=np.int64)
         slots = self._slots_of(at)
@@ -237,8 +259,9 @@ class PoolView:
     def _slots_of(self, at: np.ndarray) -> np.ndarray:
         """The slots of blocks ``at``, block by block, marked as touched with the blocks."""
         bs = self.block_size
-        self._blocks += _spans(at)
-        self._slots += _spans(at, bs)
+        if self.tracking:
+            self._blocks += _spans(at)
+            self._slots += _spans(at, bs)
         return (at[:, None] * bs + np.arange(bs)).ravel()
 
     def _filled(self, b: int, offset: int, tokens: list[int]) -> None:
@@ -276,7 +299,8 @@ class PoolView:
         unheld = [b for b in blocks if b not in self._holders]
         for b in unheld:  # none from an engine: a sequence's own write indexes its blocks
             self._refresh(b)
-        self._blocks += _spans(at)
+        if self.tracking:
+            self._blocks += _spans(at)
 
     def _uncached(self, b: int) -> None:
         self.block_hash[b] = NO_HASH
@@ -290,12 +314,14 @@ class PoolView:
         at = np.array(slots, dtype=np.int64)
         self.slot_token[at] = tokens
         self.slot_state[at] = _FILLED
-        self._slots += _spans(at)
+        if self.tracking:
+            self._slots += _spans(at)
         if self.num_blocks:
             blocks = at // self.block_size
             self.block_state[blocks] = _FILLED
             self.block_fill[blocks] = at - blocks * self.block_size + 1
-            self._blocks += _spans(blocks)
+            if self.tracking:
+                self._blocks += _spans(blocks)
 
     # contiguous entries ----------------------------------------------------------------------
     def _reserved(self, start: int, length: int, owner: int) -> None:

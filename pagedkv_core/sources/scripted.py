@@ -113,6 +113,5 @@ class ScriptedSource:
                 out[work.seq_id] = [scripted_token(rid, i, pos) for i in range(n)]
         lane = batch.lane
         if lane:
-            tokens = scripted_tokens(lane.request_ids, lane.sample_indices, lane.num_output_tokens)
-            out.update(zip(lane.seq_ids, ([t] for t in tokens)))
+            lane.tokens = scripted_tokens(lane.request_ids, lane.sample_indices, lane.num_output_tokens)
         return out

@@ -160,3 +160,29 @@ def test_a_source_that_overrides_execute_sees_every_sequence():
         engine.add_request(f"r{i}", [3, 4, 5], SamplingParams(max_tokens=8), output_len=6)
     engine.run()
     assert seen and all(lane is None and n == 3 for lane, n in seen)
+
+
+def test_a_lane_source_answers_in_the_lane_and_a_short_answer_is_refused():
+    """A source that reads the lane answers its plain decodes in ``lane.tokens``, one each in
+    the lane's order; an answer of the wrong length stops the step with a clear error."""
+    seen = []
+
+    class Short(ScriptedSource):
+        reads_lane = True  # reads the lane although it overrides execute
+
+        def execute(self, batch):
+            out = super().execute(batch)
+            if batch.lane:
+                seen.append((len(batch.lane), list(batch.lane.tokens)))
+                if len(seen) == 2:
+                    batch.lane.tokens = batch.lane.tokens[:-1]
+            return out
+
+    engine = Engine(EngineConfig(pool_slots=512, block_size=16), Short())
+    for i in range(3):
+        engine.add_request(f"r{i}", [3, 4, 5], SamplingParams(max_tokens=8), output_len=6)
+    engine.step()  # the prefills
+    engine.step()  # three plain decodes, answered in the lane
+    assert seen[0][0] == 3 and seen[0][1] == [engine.get_request(f"r{i}").seqs[0].token_ids[-1] for i in range(3)]
+    with pytest.raises(RuntimeError, match="answered .* for a lane of 3 plain decodes"):
+        engine.step()

@@ -139,7 +139,8 @@ class PoolView:
             fold[entry[0]](*entry[1:])
 
     def take_changes(self) -> Changes:
-        """What the folds since the last call touched (what a recording stores); starts afresh."""
+        """What the folds since the last call touched (what a recording stores); starts afresh.
+        Complete only while ``tracking`` is on (the engine turns it off when nothing records)."""
         out = Changes(self._slots, self._blocks, self._tables)
         self._slots, self._blocks = [], []
         self._tables = set()

@@ -61,7 +61,7 @@ class DecodeLane:
     seqs: list = field(default_factory=list)  # the scheduler's Sequence objects (sources read the columns)
     slots: list[int] = field(default_factory=list)
     at: list[int] = field(default_factory=list)  # each one's place among the step's sequences (for order)
-    tokens: list[int] | None = None  # the source's answer: seqs[i]'s new token is tokens[i]
+    tokens: list[int] | None = None  # the source's answer: seqs[i]'s new token is tokens[i] (Python ints)
 
     def __len__(self) -> int:
         return len(self.seqs)

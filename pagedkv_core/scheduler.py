@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from operator import attrgetter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NamedTuple
 
 from .kv.protocol import Allocator
@@ -373,7 +373,8 @@ class Scheduler:
         if self.lane_source:
             tokens = lane.tokens
             if tokens is None or len(tokens) != len(lane.seqs):
-                raise RuntimeError(f"token source answered {tokens!r} for a lane of {len(lane.seqs)} plain decodes")
+                got = "no tokens" if tokens is None else f"{len(tokens)} token(s)"
+                raise RuntimeError(f"token source answered {got} for a lane of {len(lane.seqs)} plain decodes")
             return tokens
         out = []
         for seq in lane.seqs:

@@ -54,6 +54,13 @@ _INDEX = operator.attrgetter("index")  # requests in submission order
 _FINISHED = int(SequenceStatus.FINISHED)
 
 
+def _completion(seq: Sequence, sampled: set[int]) -> CompletionOutput:
+    """One sample's output as it stands after the step (``sampled``: seq ids that got a token in it)."""
+    ids = seq.token_ids
+    return CompletionOutput(seq.sample_index, TokenIds(ids, seq.num_prompt_tokens, len(ids)),
+                            [ids[-1]] if seq.seq_id in sampled else [], seq.finish_reason)
+
+
 def _is_utf8(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -385,23 +392,7 @@ class Engine:
         touched = sorted(self.scheduler.touched, key=_INDEX)
         sampled = self.scheduler.sampled
         outputs = []
-        add = outputs.append
         for request in touched:
-            seqs = request.seqs
-            if len(seqs) == 1 and request.sampling.n == 1 and request.reject_reason is None:  # the usual case
-                s = seqs[0]
-                ids = s.token_ids
-                finished = s.status >= _FINISHED  # what request.finished says for one sample
-                out = CompletionOutput(s.sample_index, TokenIds(ids, s.num_prompt_tokens, len(ids)),
-                                       [ids[-1]] if s.seq_id in sampled else [], s.finish_reason)
-                if finished:
-                    self.num_finished += 1
-                    if self._release_finished:
-                        self._release(request)
-                    add(RequestOutput(request.request_id, request.prompt_token_ids, [out], True, request.finish_reason))
-                else:
-                    add(RequestOutput(request.request_id, request.prompt_token_ids, [out], False, None))
-                continue
             if request.reject_reason is not None:
                 outs = [CompletionOutput(i, [], [], FINISH_REJECTED) for i in range(request.n)]
                 outputs.append(
@@ -410,12 +401,13 @@ class Engine:
                 if self._release_finished:
                     self._release(request)
                 continue
-            outs = [
-                CompletionOutput(s.sample_index, TokenIds(s.token_ids, s.num_prompt_tokens, len(s.token_ids)),
-                                 [s.token_ids[-1]] if s.seq_id in sampled else [], s.finish_reason)
-                for s in request.seqs
-            ]
-            finished = request.finished
+            seqs = request.seqs
+            if len(seqs) == 1 and request.sampling.n == 1:  # the usual case: what request.finished says for one sample
+                outs = [_completion(seqs[0], sampled)]
+                finished = seqs[0].status >= _FINISHED
+            else:
+                outs = [_completion(s, sampled) for s in seqs]
+                finished = request.finished
             if finished:
                 self.num_finished += 1
                 if self._release_finished:

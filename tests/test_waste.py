@@ -9,6 +9,7 @@ from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.record.slot_state import SlotState
+from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.record.waste import CLASSES, WasteAccumulator, final_written, measure_run, waste_breakdown
 from pagedkv_core.workloads.scenarios import build_workload, parse_workload
 
@@ -227,6 +228,35 @@ def test_an_engine_without_a_pool_view_splits_the_same(config):
         assert np.array_equal(values, want[key]), key
     if config["allocator"] == "paged":
         assert any((s.block_ref > 1).any() for s in snaps)  # shared blocks were read
+
+
+@pytest.mark.parametrize("allocator", ["paged", "contiguous"])
+def test_ranges_are_kept_as_runs_not_one_a_step(allocator):
+    """A sequence decoding into the blocks it holds extends one run a block (paged) or one for its
+    whole reservation (contiguous), not a range a step; the split stays exact."""
+    engine = Engine(EngineConfig(pool_slots=1024, block_size=16, allocator=allocator), ScriptedSource())
+    engine.add_request("a", list(range(3, 43)), SamplingParams(max_tokens=200, ignore_eos=True), output_len=200)
+    acc, his = WasteAccumulator(), set()
+    snaps = []
+    while engine.has_unfinished():
+        _, snap = engine.step()
+        snaps.append(snap)
+        acc.add_engine(engine)
+        if len(snap.seq_id):  # not after the last step, which frees the sequence
+            lo, hi = int(snap.seq_num_computed[0]), int(snap.seq_num_blocks[0]) * snap.block_size
+            if hi > lo:
+                his.add(hi)
+    assert acc.num_steps == len(snaps) == 200  # the prefill, then 199 decodes
+    # paged: one run a block with room after the prefill: 40 -> 48, then 48 -> 64, ..., 224 -> 240;
+    # contiguous: the reservation of 240 slots, one run from the prefill on.
+    assert acc.num_runs == len(his) == (13 if allocator == "paged" else 1)
+    want = WasteAccumulator()
+    for snap in snaps:
+        want.add_snapshot(snap)
+    written = final_written(engine)
+    for key, values in acc.series(written).items():
+        assert np.array_equal(values, want.series(written)[key]), key
+    assert acc.series(written)["reservation"].tolist() == future_writes(snaps)
 
 
 def run_all(name):

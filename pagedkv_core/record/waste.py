@@ -45,8 +45,37 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 CLASSES = ("token", "reservation", "internal", "external", "free")
-RANGE_CHUNK = 1 << 16  # ranges a chunk holds (1.3 MB)
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+RANGE_CHUNK = 1 << 14  # runs a chunk holds (768 KB)
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _no_runs() -> tuple:
+    """Open runs, none (see ``WasteAccumulator._open``)."""
+    return _EMPTY, np.zeros(0, dtype=bool), _EMPTY, _EMPTY, _EMPTY, _EMPTY
+
+
+class _Lines:
+    """Per step, the sum of straight lines: ``add(first, steps, value)`` adds ``value - t`` at
+    step ``first + t`` for t in [0, steps), for each line; ``total()`` the sums (int64, exact).
+    O(lines) to add, O(steps) to total: two difference arrays, of the lines' count and of their
+    value at step 0."""
+
+    def __init__(self, num_steps: int):
+        self.n = num_steps
+        self.count = np.zeros(num_steps + 1, dtype=np.int64)
+        self.at0 = np.zeros(num_steps + 1, dtype=np.int64)
+
+    def add(self, first: np.ndarray, steps: np.ndarray, value: np.ndarray) -> None:
+        end = first + steps
+        at0 = value + first  # value - t at step first + t is at0 - (first + t)
+        np.add.at(self.count, first, 1)
+        np.add.at(self.count, end, -1)
+        np.add.at(self.at0, first, at0)
+        np.add.at(self.at0, end, -at0)
+
+    def total(self) -> np.ndarray:
+        n = self.n
+        return np.cumsum(self.at0[:n]) - np.cumsum(self.count[:n]) * np.arange(n, dtype=np.int64)
 
 
 def final_written(engine, released: Mapping[int, int] | None = None) -> dict[int, int]:
@@ -68,10 +97,18 @@ class WasteAccumulator:
     """Collects what the breakdown needs, one step at a time, and splits it at the end.
 
     Per step it keeps the slot counters and, for each sequence that has allocated but empty
-    slots, the range of positions they cover: ``(seq_id, lo, hi)`` with ``lo`` its
-    ``num_computed`` and ``hi`` the positions its allocation covers. A range inside a block that
-    several sequences share (forked samples before copy-on-write) is kept once per holder with
-    the block's id, and counted once.
+    slots, the range of positions they cover: ``lo`` its ``num_computed`` to ``hi``, the
+    positions its allocation covers. A range inside a block that several sequences share
+    (forked samples before copy-on-write) is kept once per holder with the block's id, and
+    counted once.
+
+    The ranges are kept as **runs**, not one a step: while a sequence decodes into the same
+    allocation, its range at each step is the last one moved on by one position (``lo`` one
+    more, ``hi`` the same), so consecutive steps extend one run ``(first step, steps, seq_id,
+    lo at the first step, hi, block)`` and only a run that ends is stored. A paged sequence
+    stores about one run a block it fills, a contiguous one about one a reservation: the cost
+    and the memory follow what changed, not the steps times the sequences. A shared block's
+    range is a run of one step.
     """
 
     def __init__(self) -> None:
@@ -79,15 +116,23 @@ class WasteAccumulator:
         self._allocated: list[int] = []
         self._token: list[int] = []
         self._external: list[int] = []
-        # The ranges, in int32 chunks of RANGE_CHUNK rows (columns: step, seq_id, lo, hi, block;
-        # block -1: the range is the sequence's own): 20 bytes a range, no object per step. A
-        # step's ranges are never split between chunks.
+        # Ended runs, in int64 chunks of RANGE_CHUNK runs (rows: first step, steps, seq_id, lo,
+        # hi, block; block -1: the range is the sequence's own): 48 bytes a run.
         self._chunks: list[np.ndarray] = []
         self._used: list[int] = []  # rows used in each chunk
+        # The last step's live sequences, in its order: seq_id, whether a run of its own range
+        # is open (bool), and that run's first step, its lo then, and lo and hi at the last step.
+        self._open = _no_runs()
+        self._open_step = -1  # the step the open runs reached
 
     @property
     def num_steps(self) -> int:
         return len(self._num_slots)
+
+    @property
+    def num_runs(self) -> int:
+        """Runs kept, ended or open (what the accumulator's memory grows with, 48 bytes each)."""
+        return sum(self._used) + int(np.count_nonzero(self._open[1]))
 
     # ------------------------------------------------------------------ feeding
     def add_snapshot(self, snap) -> None:
@@ -129,10 +174,8 @@ class WasteAccumulator:
         lo = np.asarray(get("seq_num_computed"), dtype=np.int64)
         hi = np.asarray(get("seq_num_blocks"), dtype=np.int64) * block_size
         has = hi > lo
-        if not has.any():
-            return
-        block = np.full(len(ids), -1, dtype=np.int64)
-        if kind == "paged":
+        own = has
+        if kind == "paged" and has.any():
             # Only the block holding position num_computed can be shared and still have room:
             # blocks before it are full, blocks after it are fresh and private, and prefix-cache
             # hits are full blocks. Its holders (forked samples) share lo and the block's end.
@@ -145,35 +188,66 @@ class WasteAccumulator:
             refs = block_ref(tail.tolist()) if callable(block_ref) else np.asarray(block_ref)[tail]
             shared = np.asarray(refs) > 1
             if shared.any():
-                rows, tail = rows[shared], tail[shared].astype(np.int64)
-                end = (lo[rows] // block_size + 1) * block_size
-                beyond = hi[rows] > end  # private blocks past the shared one (not seen in practice)
-                extra = rows[beyond]
-                self._append(step, ids[extra], end[beyond], hi[extra], np.full(len(extra), -1, dtype=np.int64))
-                hi = hi.copy()
-                hi[rows] = np.minimum(hi[rows], end)
-                block[rows] = tail
-        keep = np.flatnonzero(has)
-        self._append(step, ids[keep], lo[keep], hi[keep], block[keep])
+                srows, stail = rows[shared], tail[shared].astype(np.int64)
+                end = (lo[srows] // block_size + 1) * block_size
+                beyond = hi[srows] > end  # private blocks past the shared one (not seen in practice)
+                extra = srows[beyond]
+                self._store(step, 1, ids[extra], end[beyond], hi[extra], -1)
+                self._store(step, 1, ids[srows], lo[srows], np.minimum(hi[srows], end), stail)
+                own = has.copy()
+                own[srows] = False
+        self._extend(step, ids, lo, hi, own)
 
-    def _append(self, step: int, ids, lo, hi, block) -> None:
+    def _extend(self, step: int, ids, lo, hi, own) -> None:
+        """Move the open runs on to ``step``, at which the live sequences ``ids`` have the ranges
+        [``lo``, ``hi``), their own where ``own``: a range that is its sequence's range of the step
+        before moved on by one position extends that run; every other one opens a run, and a
+        run not extended ends (it is stored)."""
+        o_ids, o_own, o_first, o_lo0, o_lo, o_hi = self._open
+        first, lo0, ended = np.full(len(ids), step, dtype=np.int64), lo, o_own
+        if self._open_step == step - 1 and len(o_ids) and len(ids):
+            if len(ids) == len(o_ids) and (ids == o_ids).all():  # the same sequences in the same order: the usual step
+                goes_on = own & o_own & (lo == o_lo + 1) & (hi == o_hi)
+                ended = o_own & ~goes_on
+            else:  # each sequence's place the step before (a place holding another id: none)
+                order = np.argsort(o_ids, kind="stable")
+                at = order[np.minimum(np.searchsorted(o_ids, ids, sorter=order), len(o_ids) - 1)]
+                goes_on = own & (o_ids[at] == ids) & o_own[at] & (lo == o_lo[at] + 1) & (hi == o_hi[at])
+                o_first, o_lo0 = o_first[at], o_lo0[at]
+                ended = o_own.copy()
+                ended[at[goes_on]] = False
+            first = np.where(goes_on, o_first, step)
+            lo0 = np.where(goes_on, o_lo0, lo)
+        if ended.any():
+            e = np.flatnonzero(ended)
+            o_first, o_ids, o_lo0, o_hi = self._open[2][e], self._open[0][e], self._open[3][e], self._open[5][e]
+            self._store(o_first, self._open_step + 1 - o_first, o_ids, o_lo0, o_hi, -1)
+        self._open = (ids, own, first, lo0, lo, hi)
+        self._open_step = step
+
+    def _store(self, first, steps, ids, lo, hi, block) -> None:
+        """Ended runs (first step, steps, seq_id, lo at the first step, hi, block); scalars
+        stand for every run."""
         n = len(ids)
         if not n:
             return
-        if not self._chunks or self._used[-1] + n > len(self._chunks[-1]):
-            self._chunks.append(np.empty((max(RANGE_CHUNK, n), 5), dtype=np.int32))
+        if not self._chunks or self._used[-1] + n > self._chunks[-1].shape[1]:
+            self._chunks.append(np.empty((6, max(RANGE_CHUNK, n)), dtype=np.int64))
             self._used.append(0)
-        rows = np.column_stack([np.full(n, step, dtype=np.int64), ids, lo, hi, block])
-        if rows.min() < INT32_MIN or rows.max() > INT32_MAX:
-            raise ValueError(f"step {step}: a range does not fit 32 bits")
         at = self._used[-1]
-        self._chunks[-1][at : at + n] = rows
+        rows = self._chunks[-1][:, at : at + n]
+        rows[0], rows[1], rows[2], rows[3], rows[4], rows[5] = first, steps, ids, lo, hi, block
         self._used[-1] = at + n
 
-    def _ranges(self):
-        """(steps, ids, lo, hi, block) int64 arrays of each chunk's used rows."""
+    def _runs(self):
+        """(first, steps, ids, lo, hi, block) int64 arrays of each chunk's runs, then of the
+        runs still open (as if they ended at the last step)."""
         for chunk, used in zip(self._chunks, self._used):
-            yield tuple(chunk[:used, c].astype(np.int64) for c in range(5))
+            yield tuple(chunk[:, :used])
+        ids, own, first, lo0, _, hi = self._open
+        if own.any():
+            first, ids, lo0, hi = first[own], ids[own], lo0[own], hi[own]
+            yield first, self._open_step + 1 - first, ids, lo0, hi, np.full(len(ids), -1, dtype=np.int64)
 
     # ------------------------------------------------------------------ results
     def series(self, final_written: Mapping[int, int]) -> dict[str, np.ndarray]:
@@ -187,29 +261,41 @@ class WasteAccumulator:
         external = np.asarray(self._external, dtype=np.int64)
         reservation = np.zeros(n, dtype=np.int64)
         empty = np.zeros(n, dtype=np.int64)
-        if self._chunks:
-            top = max(int(chunk[:used, 1].max()) for chunk, used in zip(self._chunks, self._used)) + 1
+        runs = list(self._runs())
+        if runs:
+            top = max(int(r[2].max()) for r in runs) + 1
             written = np.zeros(top, dtype=np.int64)
             known = [(sid, w) for sid, w in final_written.items() if 0 <= sid < top]
             if known:
                 sid, w = np.array(known, dtype=np.int64).T
                 written[sid] = w
-        for steps, ids, lo, hi, block in self._ranges():  # chunk by chunk: no copy of them all
-            res = np.clip(written[ids] - lo, 0, hi - lo)
-            size = hi - lo
+        # An own run's range at its t-th step is [lo + t, hi): hi - lo - t empty slots, of which
+        # max(min(w - lo, hi - lo) - t, 0) reservation (w: the sequence's final written). Such
+        # straight lines over a run's steps are summed per step from two difference arrays.
+        empty_lines, reservation_lines = _Lines(n), _Lines(n)
+        for first, steps, ids, lo, hi, block in runs:  # chunk by chunk: no copy of them all
             own = block < 0
-            np.add.at(reservation, steps[own], res[own])
-            np.add.at(empty, steps[own], size[own])
+            size = hi - lo
+            if own.any():
+                f, c, s = first[own], steps[own], size[own]
+                empty_lines.add(f, c, s)
+                reach = np.minimum(written[ids[own]] - lo[own], s)
+                reservation_lines.add(f, np.clip(reach, 0, c), reach)
             if not own.all():
                 # A shared block's empty tail once per (step, block): reservation where any
-                # holder will still write (the holders' ranges are the same).
-                key = steps[~own] * (int(block.max()) + 1) + block[~own]
-                uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+                # holder will still write (the holders' ranges are the same). These runs are one
+                # step each, and a step's are stored at once (in one chunk).
+                at_step, blk = first[~own], block[~own]
+                res = np.clip(written[ids[~own]] - lo[~own], 0, size[~own])
+                key = at_step * (int(blk.max()) + 1) + blk
+                uniq, first_of, inverse = np.unique(key, return_index=True, return_inverse=True)
                 best = np.zeros(len(uniq), dtype=np.int64)
-                np.maximum.at(best, inverse, res[~own])
-                group_steps = steps[~own][first]
+                np.maximum.at(best, inverse, res)
+                group_steps = at_step[first_of]
                 np.add.at(reservation, group_steps, best)
-                np.add.at(empty, group_steps, size[~own][first])
+                np.add.at(empty, group_steps, size[~own][first_of])
+        empty += empty_lines.total()
+        reservation += reservation_lines.total()
         internal = allocated - token - reservation
         free = num_slots - allocated - external
         return {

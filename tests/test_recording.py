@@ -119,6 +119,21 @@ def test_range_indices_merge_overlaps_and_drop_empty_ranges():
     assert range_indices([(4, 6), (4, 6)]).dtype == np.int32
 
 
+@pytest.mark.parametrize("width", [1, 16, 3000], ids=["slots", "blocks", "reservations"])
+def test_range_indices_are_each_index_once_sorted_whether_few_or_many(width):
+    """A step's spans, overlapping, repeated, empty and out of order: the indices of their union,
+    whether few enough to be sorted one by one or so many that the spans are merged first."""
+    rng = np.random.default_rng(width)
+    for _ in range(50):
+        lo = rng.integers(0, 200_000, size=int(rng.integers(1, 40)))
+        hi = lo + rng.integers(-2, width + 1, size=len(lo))
+        spans = [int(v) for pair in zip(lo, hi) for v in pair]
+        spans += spans[: 2 * int(rng.integers(0, 4))]  # some spans twice
+        want = sorted({i for a, b in zip(spans[0::2], spans[1::2]) for i in range(a, b)})
+        got = range_indices(spans)
+        assert got.dtype == np.int32 and got.tolist() == want
+
+
 def small_parts(snap) -> dict:
     out = {name: getattr(snap, name) for name in (*SEQ_ARRAYS, *TABLE_ARRAYS, "waiting", "running", "swapped")}
     return {**out, "events": snap.events, "metrics": snap.metrics}

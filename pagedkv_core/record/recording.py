@@ -106,6 +106,9 @@ class StepDelta:
     table_source: Mapping | None = None  # with ``seqs`` that hold no tables: seq id -> table, of every table that changed
 
 
+_SORT_INDICES = 4096  # up to this many indices in all, range_indices sorts them rather than the spans
+
+
 def range_indices(spans) -> np.ndarray:
     """int32 indices covered by half-open spans, merged (each index once, sorted). ``spans`` is
     a flat list ``[lo0, hi0, lo1, hi1, ...]`` (what a PoolView hands over) or ``(lo, hi)`` pairs."""
@@ -118,7 +121,19 @@ def range_indices(spans) -> np.ndarray:
     lo, hi = flat[0::2], flat[1::2]
     if (lo[1:] >= hi[:-1]).all() and (hi > lo).all():  # sorted and disjoint already
         return ranges(lo, hi - lo).astype(np.int32)
-    keep = hi > lo
+    length = np.maximum(hi - lo, 0)
+    ends = np.cumsum(length)
+    total = int(ends[-1])
+    if total <= _SORT_INDICES:  # a step's few hundred slots: every index, sorted, each kept once
+        if not total:
+            return np.zeros(0, dtype=np.int32)
+        idx = np.repeat(lo - (ends - length), length) + np.arange(total)
+        idx.sort()
+        first = np.empty(total, dtype=bool)
+        first[0] = True
+        np.not_equal(idx[1:], idx[:-1], out=first[1:])
+        return idx[first].astype(np.int32)
+    keep = hi > lo  # many indices: merge the spans first (their count, not the indices', is sorted)
     lo, hi = lo[keep], hi[keep]
     if not len(lo):
         return np.zeros(0, dtype=np.int32)

@@ -259,6 +259,34 @@ def test_ranges_are_kept_as_runs_not_one_a_step(allocator):
     assert acc.series(written)["reservation"].tolist() == future_writes(snaps)
 
 
+def _gapped_waste(skip: bool, gap: int = 50):
+    """A run with idle stretches between its requests, fed to the accumulator as measure_run feeds it."""
+    engine = Engine(EngineConfig(pool_slots=512, block_size=4), ScriptedSource(), snapshots=False, skip_idle=skip)
+    for rid, prompt, out, at in (("a", [5, 6, 7, 8], 3, 0), ("b", [9, 10, 11], 2, gap), ("c", [12, 13], 4, gap + 1),
+                                 ("d", [14, 15, 16], 2, 4 * gap)):
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=8), arrival_step=at, output_len=out)
+    acc, calls = WasteAccumulator(), 0
+    while engine.has_unfinished():
+        before = engine.step_index
+        engine.step(snapshot=False, outputs=False)
+        acc.add_engine(engine, steps=engine.step_index - before)
+        calls += 1
+    return engine, acc, calls
+
+
+def test_an_idle_stretch_is_added_at_once_and_splits_as_step_by_step():
+    plain, by_step, plain_calls = _gapped_waste(False)
+    skipping, at_once, calls = _gapped_waste(True)
+    assert by_step.num_steps == at_once.num_steps == plain.step_index == 202 and calls < plain_calls
+    want = by_step.series(final_written(plain))
+    for key, values in at_once.series(final_written(skipping)).items():
+        assert np.array_equal(values, want[key]), key
+    # 900,000 idle steps in two calls of add_engine, each O(1), and the same split
+    far, acc, calls = _gapped_waste(True, gap=225_000)
+    assert calls == 12 and acc.num_steps == far.step_index == 900_002
+    assert acc.breakdown(final_written(far))["token_share"] == at_once.breakdown(final_written(skipping))["token_share"]
+
+
 def run_all(name):
     w = build_workload(name)
     out = {}

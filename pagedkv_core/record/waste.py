@@ -57,25 +57,31 @@ def _no_runs() -> tuple:
 class _Lines:
     """Per step, the sum of straight lines: ``add(first, steps, value)`` adds ``value - t`` at
     step ``first + t`` for t in [0, steps), for each line; ``total()`` the sums (int64, exact).
-    O(lines) to add, O(steps) to total: two difference arrays, of the lines' count and of their
-    value at step 0."""
+    O(lines) to add, O(steps) to total, in two arrays: a line's value is the running sum of its
+    changes from step to step (``value`` at ``first``, then -1 a step, and back to 0 after its
+    last step), and its -1s are themselves the running sum of a -1 at ``first + 1`` and a +1 at
+    ``first + steps``."""
 
     def __init__(self, num_steps: int):
         self.n = num_steps
-        self.count = np.zeros(num_steps + 1, dtype=np.int64)
-        self.at0 = np.zeros(num_steps + 1, dtype=np.int64)
+        self.slope = np.zeros(num_steps + 2, dtype=np.int64)  # the -1s, as changes
+        self.jump = np.zeros(num_steps + 2, dtype=np.int64)  # the value at the first step, and the drop after the last
 
     def add(self, first: np.ndarray, steps: np.ndarray, value: np.ndarray) -> None:
+        keep = steps > 0
+        first, steps, value = first[keep], steps[keep], value[keep]
         end = first + steps
-        at0 = value + first  # value - t at step first + t is at0 - (first + t)
-        np.add.at(self.count, first, 1)
-        np.add.at(self.count, end, -1)
-        np.add.at(self.at0, first, at0)
-        np.add.at(self.at0, end, -at0)
+        np.add.at(self.slope, first + 1, -1)
+        np.add.at(self.slope, end, 1)
+        np.add.at(self.jump, first, value)
+        np.add.at(self.jump, end, steps - 1 - value)  # back from value - (steps - 1) to 0
 
     def total(self) -> np.ndarray:
-        n = self.n
-        return np.cumsum(self.at0[:n]) - np.cumsum(self.count[:n]) * np.arange(n, dtype=np.int64)
+        """The sums, step by step (computed in place: call it once)."""
+        x = np.cumsum(self.slope, out=self.slope)
+        x += self.jump
+        np.cumsum(x, out=x)
+        return x[: self.n]
 
 
 def final_written(engine, released: Mapping[int, int] | None = None) -> dict[int, int]:
@@ -106,9 +112,9 @@ class WasteAccumulator:
     allocation, its range at each step is the last one moved on by one position (``lo`` one
     more, ``hi`` the same), so consecutive steps extend one run ``(first step, steps, seq_id,
     lo at the first step, hi, block)`` and only a run that ends is stored. A paged sequence
-    stores about one run a block it fills, a contiguous one about one a reservation: the cost
-    and the memory follow what changed, not the steps times the sequences. A shared block's
-    range is a run of one step.
+    stores about one run a block it fills, a contiguous one about one a reservation: the memory
+    follows what changed, not the steps times the sequences (the work a step stays a few numpy
+    calls over the live sequences). A shared block's range is a run of one step.
     """
 
     def __init__(self) -> None:
@@ -139,11 +145,24 @@ class WasteAccumulator:
         """One :class:`~pagedkv_core.record.snapshot.StepSnapshot`."""
         self.add_step(snap.kind, snap.num_slots, snap.block_size, snap.metrics, snap, snap.block_ref)
 
-    def add_engine(self, engine) -> None:
+    def add_engine(self, engine, steps: int = 1) -> None:
         """The engine's state after a step (``engine.step(snapshot=False)`` is enough, and no pool
         view is needed): the allocator's counters, the live sequences' arrays the step built, and
         for a paged allocator the sequences' current blocks and their reference counts, read from
-        it. No per-slot copy."""
+        it. No per-slot copy. ``steps``: that many steps of this state (an idle stretch the engine
+        skipped in one call): with no live sequence they cost O(1) here, not one add each."""
+        if steps < 1:
+            return
+        self._add_engine(engine)
+        if steps > 1 and not len(self._open[0]):  # nothing live: the steps repeat the counters alone
+            for counter in (self._num_slots, self._allocated, self._token, self._external):
+                counter.extend([counter[-1]] * (steps - 1))
+            self._open_step += steps - 1
+            return
+        for _ in range(steps - 1):
+            self._add_engine(engine)
+
+    def _add_engine(self, engine) -> None:
         from .snapshot import seq_arrays
 
         alloc = engine.allocator
@@ -170,8 +189,8 @@ class WasteAccumulator:
         self._allocated.append(int(metrics.allocated_slots))
         self._token.append(int(metrics.filled_slots))
         self._external.append(int(metrics.fragmented_slots))
-        ids = np.asarray(get("seq_id"), dtype=np.int64)
-        lo = np.asarray(get("seq_num_computed"), dtype=np.int64)
+        ids = np.array(get("seq_id"), dtype=np.int64)  # copies: the open runs keep them past this step
+        lo = np.array(get("seq_num_computed"), dtype=np.int64)
         hi = np.asarray(get("seq_num_blocks"), dtype=np.int64) * block_size
         has = hi > lo
         own = has
@@ -271,31 +290,35 @@ class WasteAccumulator:
                 written[sid] = w
         # An own run's range at its t-th step is [lo + t, hi): hi - lo - t empty slots, of which
         # max(min(w - lo, hi - lo) - t, 0) reservation (w: the sequence's final written). Such
-        # straight lines over a run's steps are summed per step from two difference arrays.
-        empty_lines, reservation_lines = _Lines(n), _Lines(n)
-        for first, steps, ids, lo, hi, block in runs:  # chunk by chunk: no copy of them all
-            own = block < 0
-            size = hi - lo
-            if own.any():
-                f, c, s = first[own], steps[own], size[own]
-                empty_lines.add(f, c, s)
-                reach = np.minimum(written[ids[own]] - lo[own], s)
-                reservation_lines.add(f, np.clip(reach, 0, c), reach)
-            if not own.all():
+        # straight lines over a run's steps are summed per step by _Lines, one class at a time.
+        for out, reserved in ((empty, False), (reservation, True)):
+            lines = _Lines(n)
+            for first, steps, ids, lo, hi, block in runs:  # chunk by chunk: no copy of them all
+                own = block < 0
+                if own.any():
+                    f, size = first[own], hi[own] - lo[own]
+                    if reserved:
+                        reach = np.minimum(written[ids[own]] - lo[own], size)
+                        lines.add(f, np.clip(reach, 0, steps[own]), reach)
+                    else:
+                        lines.add(f, steps[own], size)
+            out += lines.total()
+            del lines
+        for first, steps, ids, lo, hi, block in runs:
+            shared = block >= 0
+            if shared.any():
                 # A shared block's empty tail once per (step, block): reservation where any
                 # holder will still write (the holders' ranges are the same). These runs are one
                 # step each, and a step's are stored at once (in one chunk).
-                at_step, blk = first[~own], block[~own]
-                res = np.clip(written[ids[~own]] - lo[~own], 0, size[~own])
+                at_step, blk, size = first[shared], block[shared], hi[shared] - lo[shared]
+                res = np.clip(written[ids[shared]] - lo[shared], 0, size)
                 key = at_step * (int(blk.max()) + 1) + blk
                 uniq, first_of, inverse = np.unique(key, return_index=True, return_inverse=True)
                 best = np.zeros(len(uniq), dtype=np.int64)
                 np.maximum.at(best, inverse, res)
                 group_steps = at_step[first_of]
                 np.add.at(reservation, group_steps, best)
-                np.add.at(empty, group_steps, size[~own][first_of])
-        empty += empty_lines.total()
-        reservation += reservation_lines.total()
+                np.add.at(empty, group_steps, size[first_of])
         internal = allocated - token - reservation
         free = num_slots - allocated - external
         return {
@@ -335,7 +358,7 @@ def measure_run(engine, max_steps: int | None = None, released: Mapping[int, int
     """Run ``engine`` to the end (or ``max_steps`` calls of its ``step``) and return its
     :class:`~pagedkv_core.metrics.RunSummary` and its breakdown. Each step is read from the
     engine (:meth:`WasteAccumulator.add_engine`), with no snapshot and no outputs; an idle stretch
-    that passed in one call (``skip_idle``) counts each of its steps. ``released``: as for
+    that passed in one call (``skip_idle``) counts each of its steps, added at once. ``released``: as for
     :func:`final_written` (a streamed run's forgotten sequences). ``on_step(engine)``: called after
     each call of its ``step`` (a progress line)."""
     acc = WasteAccumulator()
@@ -344,8 +367,7 @@ def measure_run(engine, max_steps: int | None = None, released: Mapping[int, int
         before = engine.step_index
         engine.step(snapshot=False, outputs=False)
         calls += 1
-        for _ in range(engine.step_index - before):
-            acc.add_engine(engine)
+        acc.add_engine(engine, steps=engine.step_index - before)
         if on_step is not None:
             on_step(engine)
     return engine.summary(), acc.breakdown(final_written(engine, released))

@@ -1,8 +1,9 @@
 """Replay speed: whole request logs through ``simulate --trace-out``, this engine beside an older one.
 
 Each case is ``python -m pagedkv_core simulate --workload-file LOG --pool-slots 262144
---allocator A --trace-out TMP --json`` in its own child process (so its peak RSS, read from the
-kernel's accounting of that child, is its own). Where a second core is there, ``simulate`` writes
+--allocator A --trace-out TMP --json`` in its own child process, started by a fresh, small
+interpreter that reports the kernel's accounting of it (``measured``: so its peak RSS is its own,
+not this benchmark's, which a process started from here would inherit). Where a second core is there, ``simulate`` writes
 its trace from a process of its own (``record/trace_process.py``): the kernel's figure is then the
 larger of the two processes' peaks, and ``peak_rss_sum_mb`` adds up every process's peak (VmHWM,
 read from /proc while the case runs: an upper bound, pages they share count twice), which is what
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "pagedkv_core" / "data"
@@ -110,21 +112,19 @@ def case(root: Path, log: str, allocator: str, count: int | None, quick: bool) -
         env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
         load = os.getloadavg()[0]
         t0 = time.perf_counter()
-        child = _Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        with TreePeaks(child.pid) as peaks:
-            out, err = child.communicate()
+        run = measured(cmd, cwd=root, env=env)
         wall = time.perf_counter() - t0
-        cpu = child.cpu_s
-        if child.returncode != 0:
-            raise RuntimeError(f"{log} {allocator} under {root}: {err.strip().splitlines()[-1:] or child.returncode}")
+        out, err, cpu = run.out, run.err, run.cpu_s
+        if run.returncode != 0:
+            raise RuntimeError(f"{log} {allocator} under {root}: {err.strip().splitlines()[-1:] or run.returncode}")
         summary = json.loads(out.strip().splitlines()[-1])
         steps, busy = _busy_steps(trace)
         size = trace.stat().st_size
     return {"log": log, "allocator": allocator, "count": count, "requests": summary["requests"],
             "finished": summary["finished"], "rejected": len(summary["rejected"]), "steps": summary["steps"],
             "trace_steps": steps, "busy_steps": busy, "wall_s": round(wall, 2),
-            "peak_rss_mb": round(child.peak_rss_kb / 1024, 1), "processes": max(len(peaks.hwm_kb), 1),
-            "peak_rss_sum_mb": round(max(sum(peaks.hwm_kb.values()), child.peak_rss_kb) / 1024, 1),
+            "peak_rss_mb": round(run.peak_rss_kb / 1024, 1), "processes": max(len(run.hwm_kb), 1),
+            "peak_rss_sum_mb": round(max(sum(run.hwm_kb.values()), run.peak_rss_kb) / 1024, 1),
             "cpu_s": round(cpu, 2), "trace_mb": round(size / 1e6, 1), "busy_steps_per_s": round(busy / wall, 1),
             "busy_steps_per_cpu_s": round(busy / cpu, 1) if cpu else None,
             "trace_kb_per_step": round(size / 1e3 / max(steps, 1), 2),
@@ -179,21 +179,45 @@ class TreePeaks:
                 self.hwm_kb[pid] = max(self.hwm_kb.get(pid, 0), hwm)
 
 
-class _Popen(subprocess.Popen):
-    """Popen that keeps the child's resource usage (its peak RSS) when it is reaped."""
+# A process's ``ru_maxrss`` starts from its parent's peak: across fork or vfork and exec the kernel
+# carries the replaced address space's high-water mark into the new program's. Started from this
+# benchmark, which holds the traces it has read back by then, every later case would report at
+# least the benchmark's own size. So a case runs under a fresh, small interpreter that starts it
+# and reports what the kernel accounted for it (and for what it started: the trace writer).
+_WRAPPER = """
+import json, os, subprocess, sys
+child = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(child.pid, 0)
+report = {"peak_rss_kb": usage.ru_maxrss, "cpu_s": usage.ru_utime + usage.ru_stime}
+sys.stderr.write("\\n" + json.dumps(report) + "\\n")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
-    peak_rss_kb = 0
-    cpu_s = 0.0
 
-    def _try_wait(self, wait_flags):
-        try:
-            pid, status, usage = os.wait4(self.pid, wait_flags)
-        except ChildProcessError:
-            return self.pid, 0
-        if pid:
-            self.peak_rss_kb = usage.ru_maxrss
-            self.cpu_s = usage.ru_utime + usage.ru_stime
-        return pid, status
+class Measured(NamedTuple):
+    out: str
+    err: str
+    returncode: int
+    peak_rss_kb: int  # the kernel's: the larger of the command's processes' peaks
+    cpu_s: float  # user + system of the command and what it started
+    hwm_kb: dict  # pid -> peak RSS (VmHWM) of each process of the command, read while it ran
+
+
+def measured(cmd: list[str], **popen) -> Measured:
+    """Run ``cmd`` to its end (its output captured as text) and measure it by itself: see
+    ``_WRAPPER``. The wrapper's own process is left out of ``hwm_kb``."""
+    wrapper = subprocess.Popen([sys.executable, "-c", _WRAPPER, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, **popen)
+    with TreePeaks(wrapper.pid) as peaks:
+        out, err = wrapper.communicate()
+    lines = err.rstrip("\n").split("\n")
+    try:
+        report = json.loads(lines[-1])
+        err = "\n".join(lines[:-1])
+    except (ValueError, IndexError):  # the wrapper itself failed
+        report = {"peak_rss_kb": 0, "cpu_s": 0.0}
+    hwm = {pid: kb for pid, kb in peaks.hwm_kb.items() if pid != wrapper.pid}
+    return Measured(out, err, wrapper.returncode, int(report["peak_rss_kb"]), float(report["cpu_s"]), hwm)
 
 
 def run(quick: bool = False, baseline: bool = True, workers: int = PARALLEL, partial: Path | None = None,

@@ -62,10 +62,12 @@ WATCH = """(chart) => {
 SAMPLE = """([chart, step]) => {
   const node = document.querySelector(chart);
   const s = document.querySelector(step);
-  const out = {present: false, same: false, z: null, step: s ? Number(s.value) : null};
+  const out = {present: false, same: false, z: null, step: s ? Number(s.value) : null, node: null};
   if (!node) return out;
   if (!window.__chartNode) window.__chartNode = node;
   out.same = node === window.__chartNode;
+  if (node.__sampleId === undefined) node.__sampleId = (window.__nodes = (window.__nodes || 0) + 1);
+  out.node = node.__sampleId;  // which node this is: 1 the one at load, 2 the next mounted, ...
   const drawn = node.querySelector('.main-svg') && node.querySelector('.hm');
   // the pool's cells: heatmap traces in column form (x, y, z per cell); arrays come as a typed
   // array's base64 text ({dtype, bdata, shape}) or as plain arrays
@@ -112,8 +114,18 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
         page.locator(PLAY).click()  # Pause
         absent = [i for i, s in enumerate(samples) if not s["present"]]
         replaced = [i for i, s in enumerate(samples) if s["present"] and not s["same"]]
-        assert not absent, f"the chart was absent or empty at {len(absent)} of {len(samples)} samples"
-        assert not replaced, f"the chart was a new DOM node at {len(replaced)} of {len(samples)} samples"
+        # which node each sample saw, as runs (node, samples, steps): one change at Play, or one a frame
+        seen_nodes = []
+        for s in samples:
+            if seen_nodes and seen_nodes[-1][0] == s["node"]:
+                seen_nodes[-1][1] += 1
+                seen_nodes[-1][3] = s["step"]
+            else:
+                seen_nodes.append([s["node"], 1, s["step"], s["step"]])
+        facts = (f"the nodes sampled after the step moved (node, samples, from step, to step): {seen_nodes}; "
+                 f"{blank} changes to the page found the plot missing; the step moved from {first['step']}")
+        assert not absent, f"the chart was absent or empty at {len(absent)} of {len(samples)} samples; {facts}"
+        assert not replaced, f"the chart was a new DOM node at {len(replaced)} of {len(samples)} samples; {facts}"
         assert blank == 0, f"the chart's plot was missing after {blank} changes to the page"
         assert draws >= MIN_FRAMES and repeats == 0, f"{repeats} of the chart's {draws} draws drew the frame drawn before"
         steps = [s["step"] for s in samples]

@@ -3,8 +3,8 @@
 Each case is ``python -m pagedkv_core simulate --workload-file LOG --pool-slots 262144
 --allocator A --trace-out TMP --json`` in its own child process, started by a fresh, small
 interpreter that reports the kernel's accounting of it (``measured``: so its peak RSS is its own,
-not this benchmark's, which a process started from here would inherit). Where a second core is there, ``simulate`` writes
-its trace from a process of its own (``record/trace_process.py``): the kernel's figure is then the
+not this benchmark's, which a process started from here would inherit). Where a second core is
+there, ``simulate`` writes its trace from a process of its own (``record/trace_process.py``): the kernel's figure is then the
 larger of the two processes' peaks, and ``peak_rss_sum_mb`` adds up every process's peak (VmHWM,
 read from /proc while the case runs: an upper bound, pages they share count twice), which is what
 the RSS target is judged on; the CPU seconds are both processes':

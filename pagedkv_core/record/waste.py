@@ -228,19 +228,19 @@ class WasteAccumulator:
             if len(ids) == len(o_ids) and (ids == o_ids).all():  # the same sequences in the same order: the usual step
                 goes_on = own & o_own & (lo == o_lo + 1) & (hi == o_hi)
                 ended = o_own & ~goes_on
+                first = np.where(goes_on, o_first, step)
+                lo0 = np.where(goes_on, o_lo0, lo)
             else:  # each sequence's place the step before (a place holding another id: none)
                 order = np.argsort(o_ids, kind="stable")
                 at = order[np.minimum(np.searchsorted(o_ids, ids, sorter=order), len(o_ids) - 1)]
                 goes_on = own & (o_ids[at] == ids) & o_own[at] & (lo == o_lo[at] + 1) & (hi == o_hi[at])
-                o_first, o_lo0 = o_first[at], o_lo0[at]
                 ended = o_own.copy()
                 ended[at[goes_on]] = False
-            first = np.where(goes_on, o_first, step)
-            lo0 = np.where(goes_on, o_lo0, lo)
+                first = np.where(goes_on, o_first[at], step)
+                lo0 = np.where(goes_on, o_lo0[at], lo)
         if ended.any():
             e = np.flatnonzero(ended)
-            o_first, o_ids, o_lo0, o_hi = self._open[2][e], self._open[0][e], self._open[3][e], self._open[5][e]
-            self._store(o_first, self._open_step + 1 - o_first, o_ids, o_lo0, o_hi, -1)
+            self._store(o_first[e], self._open_step + 1 - o_first[e], o_ids[e], o_lo0[e], o_hi[e], -1)
         self._open = (ids, own, first, lo0, lo, hi)
         self._open_step = step
 

@@ -323,3 +323,70 @@ def test_token_shares_order_like_the_paper_on_the_small_trace(needs_baselines):
 @pytest.mark.slow  # not the model: about a minute of scripted steps (1,000 requests, four allocators)
 def test_token_shares_order_like_the_paper_on_the_azure_trace(needs_baselines):
     check_paper_order(run_all("azure-conv"))
+
+
+SUMMED = [("trickle", {}), ("explainer40", {"allocator": "paged"}), ("explainer40", {"allocator": "contiguous-pow2"}),
+          ("forks", {"allocator": "paged", "pool_slots": 1024, "preemption": "swap"}),
+          ("forks", {"allocator": "paged", "pool_slots": 256, "preemption": "recompute"}),
+          ("forks", {"allocator": "contiguous", "pool_slots": 1024})]
+
+
+@pytest.mark.parametrize("name,config", SUMMED, ids=lambda x: x if isinstance(x, str) else "-".join(map(str, x.values())))
+def test_summing_runs_as_their_sequences_end_gives_the_per_step_split_to_the_bit(name, config):
+    """per_step=False (what measure_run keeps) sums a run's reservation once its sequences have all
+    ended and drops it: the breakdown is the per-step one exactly, here with a resolution every
+    few runs (shared blocks, swaps and recomputes included), and the kept runs stay few."""
+    workload = forks() if name == "forks" else build_workload(name)
+    engine = Engine(EngineConfig(pool_slots=config.pop("pool_slots", workload.pool_slots), **config), ScriptedSource(),
+                    snapshots=False)
+    workload.submit(engine)
+    per_step, summed = WasteAccumulator(), WasteAccumulator(per_step=False, resolve_at=4)
+    ended: set[int] = set()
+    most_kept = 0
+    while engine.has_unfinished():
+        engine.step(snapshot=False, outputs=False)
+        done = {sid: s.num_computed for sid, s in engine.scheduler.seqs.items() if s.is_finished and sid not in ended}
+        ended.update(done)
+        summed.release(done)  # as a streamed engine's on_release tells them
+        per_step.add_engine(engine)
+        summed.add_engine(engine)
+        most_kept = max(most_kept, summed.num_runs)
+    written = final_written(engine)
+    assert summed.breakdown({}) == per_step.breakdown(written)  # every length came by release
+    assert summed.breakdown(written) == per_step.breakdown(written)
+    assert per_step.breakdown(written)["reservation"] > 0
+    assert most_kept < per_step.num_runs and summed.num_lengths < len(ended)
+    with pytest.raises(ValueError, match="keeps sums"):
+        summed.series(written)
+
+
+def test_a_streamed_logs_split_holds_the_runs_of_the_sequences_alive(tmp_path):
+    """measure_run on a streamed log: the runs and lengths the split holds follow the requests alive,
+    not the log (6,000 requests, a few dozen alive at a time), and the split is the per-step one."""
+    from pagedkv_core.record.waste import Released
+    from pagedkv_core.workloads.scenarios import stream_workload_file
+
+    path = tmp_path / "log.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    + "".join(f"{i * 0.05:.2f},{30 + i % 7},{20 + i % 11}\n" for i in range(6000)))
+
+    def run(per_step: bool):
+        engine = Engine(EngineConfig(pool_slots=4096, block_size=16), ScriptedSource(), snapshots=False, skip_idle=True)
+        released = Released()
+        engine.feed(stream_workload_file(path, max_tokens="answer").requests(), on_release=released)
+        acc, most = WasteAccumulator(per_step=per_step, resolve_at=256), [0, 0, 0]
+        while engine.has_unfinished():
+            before = engine.step_index
+            engine.step(snapshot=False, outputs=False)
+            if not per_step:
+                acc.release(released.take())
+            acc.add_engine(engine, steps=engine.step_index - before)
+            most = [max(most[0], acc.num_runs), max(most[1], acc.num_lengths), max(most[2], len(engine.scheduler.seqs))]
+        assert engine.num_finished == 6000
+        return acc.breakdown(final_written(engine, released)), acc.num_runs, most
+
+    want, all_runs, _ = run(True)
+    got, _, (most_runs, most_lengths, most_alive) = run(False)
+    assert got == want
+    # 13,637 runs in all; at most 279 held at once (a resolution every 256), 107 lengths; 25 sequences alive
+    assert all_runs > 10_000 and most_runs < 256 + 8 * most_alive and most_lengths < 256

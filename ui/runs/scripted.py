@@ -48,7 +48,7 @@ def play_scripted(config: EngineConfig, workload: Workload, label: str, *, budge
     engine = Engine(config, ScriptedSource(), recording=recording)
     workload.submit(engine)
     run = ScriptedRun(label, config, request_ids=list(engine.requests), recording=recording, engine=engine)
-    waste = WasteAccumulator()
+    waste = WasteAccumulator(per_step=False)  # the breakdown alone: sums, not steps
     while engine.has_unfinished() and recording.num_steps < MAX_SCRIPTED_STEPS:
         engine.step(snapshot=False, outputs=False)  # the recording and the waste read the engine, not outputs
         waste.add_engine(engine)

@@ -42,9 +42,20 @@ BOUND_S = 180.0  # the most the sampling may take on a slow machine (a bound, no
 # (its data-rev attribute, set after every draw) that shows the same cells and title as the draw before.
 WATCH = """(chart) => {
   window.__blank = 0; window.__draws = 0; window.__repeats = 0; window.__lastDraw = null;
+  window.__mounts = []; window.__watchedAt = performance.now();
   const drawn = () => { const n = document.querySelector(chart); return !!(n && n.querySelector('.main-svg') && n.querySelector('.hm')); };
-  new MutationObserver(() => { if (!drawn()) window.__blank += 1; })
-    .observe(document.querySelector('[data-testid="stMain"]'), {childList: true, subtree: true});
+  const app = document.querySelector('[data-testid="stApp"]');
+  let last = document.querySelector(chart);
+  new MutationObserver(() => {
+    if (!drawn()) window.__blank += 1;
+    const now = document.querySelector(chart);
+    if (now !== last) {  // a chart node mounted (or gone): when, and in which script state
+      const s = document.querySelector('[data-testid="stMain"] [data-testid="stSlider"] input[aria-label="Step"]');
+      window.__mounts.push({ms: Math.round(performance.now() - window.__watchedAt), present: !!now,
+                            script: app && app.getAttribute('data-test-script-state'), step: s ? Number(s.value) : null});
+      last = now;
+    }
+  }).observe(document.querySelector('[data-testid="stMain"]'), {childList: true, subtree: true});
   new MutationObserver((records) => {
     for (const r of records) {
       const n = r.target;
@@ -110,6 +121,7 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
             assert time.monotonic() < deadline, f"only {len(seen)} different heatmaps in {len(samples)} samples"
             page.wait_for_timeout(SAMPLE_MS)
         blank = page.evaluate("() => window.__blank")
+        mounts = page.evaluate("() => window.__mounts")
         draws, repeats = page.evaluate("() => [window.__draws, window.__repeats]")
         page.locator(PLAY).click()  # Pause
         absent = [i for i, s in enumerate(samples) if not s["present"]]
@@ -123,7 +135,9 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
             else:
                 seen_nodes.append([s["node"], 1, s["step"], s["step"]])
         facts = (f"the nodes sampled after the step moved (node, samples, from step, to step): {seen_nodes}; "
-                 f"{blank} changes to the page found the plot missing; the step moved from {first['step']}")
+                 f"{blank} changes to the page found the plot missing; the step moved from {first['step']}; "
+                 f"chart nodes mounted or gone after load (ms from just before Play was pressed, the script's state, the step): "
+                 f"{mounts}")
         assert not absent, f"the chart was absent or empty at {len(absent)} of {len(samples)} samples; {facts}"
         assert not replaced, f"the chart was a new DOM node at {len(replaced)} of {len(samples)} samples; {facts}"
         assert blank == 0, f"the chart's plot was missing after {blank} changes to the page"

@@ -52,6 +52,38 @@ def test_a_50000_row_log_streams_with_a_bounded_number_of_live_requests(tmp_path
     assert not engine.requests and not engine.scheduler.seqs
 
 
+def test_a_forgotten_request_is_freed_at_once_not_by_the_cyclic_collector(tmp_path):
+    """A request and its sequences referred to each other, so a forgotten one stayed in memory
+    until Python's cyclic collector ran (a 20,000-request log peaked at 84 MB instead of 46). With
+    the collector off, only the requests alive are left after a 5,000-row streamed log."""
+    import gc
+
+    from pagedkv_core.sequence import Request, Sequence
+
+    path = _csv(tmp_path / "log.csv", 5000, every_s=0.05, prompt=20, answer=10)
+    engine = Engine(EngineConfig(pool_slots=4096, block_size=16), ScriptedSource(), snapshots=False, skip_idle=True)
+    told = []
+    engine.feed(stream_workload_file(path, max_tokens="answer").requests(),
+                on_release=lambda seq: told.append((seq.seq_id, seq.request.request_id)))
+    def held() -> int:
+        return sum(isinstance(o, (Request, Sequence)) for o in gc.get_objects())
+
+    was_on = gc.isenabled()
+    gc.collect()
+    before = held()  # other tests' in this process
+    gc.disable()
+    try:
+        while engine.has_unfinished():
+            engine.step(snapshot=False, outputs=False)
+        kept = held() - before
+    finally:
+        if was_on:
+            gc.enable()
+    assert engine.num_finished == 5000 and len(told) == 5000
+    assert len({rid for _, rid in told}) == 5000  # the callback still sees the request
+    assert kept <= 2, kept  # the last request's, at most (10,000 before: each request and its sequence)
+
+
 def test_a_streamed_log_feeds_the_requests_the_built_one_adds(tmp_path):
     path = _csv(tmp_path / "log.csv", 300, every_s=0.3)
     built = load_workload_file(path, count=300, max_tokens="answer")

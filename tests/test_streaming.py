@@ -54,7 +54,7 @@ def test_a_50000_row_log_streams_with_a_bounded_number_of_live_requests(tmp_path
 
 def test_a_forgotten_request_is_freed_at_once_not_by_the_cyclic_collector(tmp_path):
     """A request and its sequences referred to each other, so a forgotten one stayed in memory
-    until Python's cyclic collector ran (a 20,000-request log peaked at 84 MB instead of 46). With
+    until Python's cyclic collector ran (`simulate` of a 20,000-request log peaked at 91 MB, not 50). With
     the collector off, only the requests alive are left after a 5,000-row streamed log."""
     import gc
 

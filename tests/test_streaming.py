@@ -65,6 +65,7 @@ def test_a_forgotten_request_is_freed_at_once_not_by_the_cyclic_collector(tmp_pa
     told = []
     engine.feed(stream_workload_file(path, max_tokens="answer").requests(),
                 on_release=lambda seq: told.append((seq.seq_id, seq.request.request_id)))
+
     def held() -> int:
         return sum(type(o) in (Request, Sequence) for o in gc.get_objects())  # type(): no __class__ of a proxy read
 

@@ -361,8 +361,9 @@ def test_summing_runs_as_their_sequences_end_gives_the_per_step_split_to_the_bit
 
 
 def test_a_streamed_logs_split_holds_the_runs_of_the_sequences_alive(tmp_path):
-    """measure_run on a streamed log: the runs and lengths the split holds follow the requests alive,
-    not the log (6,000 requests, a few dozen alive at a time), and the split is the per-step one."""
+    """A streamed log fed to the split as measure_run feeds it: the runs and lengths it holds follow the
+    requests alive, not the log (6,000 requests, a few dozen alive at a time), and the split is the
+    per-step one."""
     from pagedkv_core.record.waste import Released
     from pagedkv_core.workloads.scenarios import stream_workload_file
 

@@ -434,7 +434,6 @@ class Engine:
             self.scheduler.seqs.pop(s.seq_id, None)
             if self._on_release is not None:
                 self._on_release(s)
-        for s in request.seqs:
             s.request = None
 
     def _metrics(self, counts: StepCounts, execute_s: float, seq_num_blocks, head_need: int = 0,

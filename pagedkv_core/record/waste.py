@@ -424,16 +424,11 @@ class WasteAccumulator:
         allocated = s["num_slots"] - s["free"] - s["external"]
         busy = allocated > 0
         slots = s["num_slots"][busy]
-        if len(slots) and (slots == slots[0]).all():  # one pool: what per_step=False sums, the same
-            return _shares(int(busy.sum()), int(slots[0]), int(allocated[busy].sum()), int(s["token"][busy].sum()),
-                           int(s["external"][busy].sum()), int(s["reservation"][busy].sum()))
-        if not busy.any():
-            return _shares(0, 0, 0, 0, 0, 0)
-        slots = slots.astype(np.float64)
-        out = {c: float(np.mean(s[c][busy] / slots)) for c in CLASSES}
-        used = 1.0 - out["free"]
-        out["token_share"] = out["token"] / used if used > 0 else 0.0
-        return out
+        if len(slots) and (slots != slots[0]).any():
+            raise ValueError("a breakdown is of one pool: the steps' num_slots differ")
+        pool = int(slots[0]) if len(slots) else 0  # the sums per_step=False keeps, the same
+        return _shares(int(busy.sum()), pool, int(allocated[busy].sum()), int(s["token"][busy].sum()),
+                       int(s["external"][busy].sum()), int(s["reservation"][busy].sum()))
 
 
 def _shares(busy: int, pool: int, allocated: int, token: int, external: int, reservation: int) -> dict[str, float]:

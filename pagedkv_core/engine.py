@@ -303,7 +303,7 @@ class Engine:
             if self.recording is not None:
                 self._record(step, seqs, events, metrics)
             else:
-                self.view.take_changes()
+                self.view.forget_changes()
             if snapshot:
                 snap = take_snapshot(step, self.view, seqs, events, metrics)
         if skipped:

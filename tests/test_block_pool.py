@@ -106,6 +106,19 @@ def test_block_hash_is_chained_deterministic_and_never_zero():
     assert hashes[1] == hash_block(hashes[0], [4, 5, 6, 7])
 
 
+@pytest.mark.parametrize("extra", [(), ("adapter-a", 3)])
+def test_extending_block_hashes_in_pieces_chains_hash_block_exactly(extra):
+    tokens = [(i * 7919) % 49152 for i in range(203)]
+    want, parent = [], NO_HASH
+    for j in range(203 // 16):
+        parent = hash_block(parent, tokens[j * 16 : (j + 1) * 16], extra)
+        want.append(parent)
+    hashes: list[int] = []
+    for upto in (0, 1, 1, 5, 12, 99):  # nothing, one block, nothing new, then the rest in pieces
+        assert extend_block_hashes(hashes, tokens, 16, upto, extra) is hashes
+        assert hashes == want[: min(upto, 12)]
+
+
 def test_host_pool_hands_out_and_takes_back_ids():
     host = HostPool(2)
     a, b = host.allocate(), host.allocate()

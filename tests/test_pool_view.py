@@ -15,6 +15,7 @@ from pagedkv_core.kv.registry import ALLOCATORS
 from pagedkv_core.observe.cache_state import CacheState, CacheView
 from pagedkv_core.observe.wire import AllBlocksCleared, BlockRemoved, BlockStored
 from pagedkv_core.record.pool_view import ALL_FIELDS, UNKNOWN_OWNER, PoolView
+from pagedkv_core.record.recording import range_indices
 from pagedkv_core.record.slot_state import SlotState
 from pagedkv_core.sources.scripted import ScriptedSource
 
@@ -125,7 +126,7 @@ def test_an_observed_server_folds_into_a_view_that_says_what_it_does_not_know():
     assert view.block_state[b] == SlotState.FREE and view.slot_token[2:4].tolist() == [-1, -1]
     assert cache.position(8) is None and cache.position(7) == 0
     changes = view.take_changes()
-    assert changes.blocks and changes.slots
+    assert len(changes.blocks) and len(changes.slots)
     state.apply(AllBlocksCleared(), 3.0)
     assert (view.block_state == SlotState.FREE).all() and state.num_cached == 0
 
@@ -135,4 +136,40 @@ def test_an_engine_view_knows_its_owners():
     view.fold([(log.TAKEN, [1], 5, 3), (log.FILLED, 1, 0, [9, 9])])
     assert view.slot_owner.tolist() == [-1] * 4 + [3] * 4
     assert view.slot_state.tolist()[4:] == [SlotState.FILLED] * 2 + [SlotState.EMPTY] * 2
-    assert view.take_changes().blocks == [1, 2, 1, 2]
+    assert view.take_changes().blocks.tolist() == [1, 2, 1, 2]
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_a_write_across_many_blocks_folds_as_its_blocks_one_at_a_time(offset):
+    blocks, tokens = [5, 2, 7, 1, 3], list(range(100, 100 + 18 - offset))
+    before = [(log.TAKEN, blocks, 9, 4)] + ([(log.FILLED, 5, 0, [1, 2, 3])] if offset else [])
+    one, each = PoolView(32, 4, 8), PoolView(32, 4, 8)
+    one.fold(before + [(log.FILLED_RUN, blocks, offset, tokens)])
+    pieces, pos = [], 0
+    for j, b in enumerate(blocks):  # the same write, a block at a time
+        lo = offset if j == 0 else 0
+        n = min(4 - lo, len(tokens) - pos)
+        pieces.append((log.FILLED, b, lo, tokens[pos : pos + n]))
+        pos += n
+    each.fold(before + pieces)
+    for name, a in one.arrays.items():
+        assert np.array_equal(a, each.arrays[name]), name
+    assert one.block_fill[blocks].tolist() == [4, 4, 4, 4, 2]
+    got, want = one.take_changes(), each.take_changes()
+    for field in ("slots", "blocks"):  # the same indices marked as touched
+        assert np.array_equal(range_indices(getattr(got, field)), range_indices(getattr(want, field))), field
+
+
+def test_a_prefill_across_many_blocks_is_one_change_log_entry():
+    engine = Engine(EngineConfig(pool_slots=256, block_size=4), ScriptedSource())
+    taken = []
+    fold = engine.view.fold
+    engine.view.fold = lambda entries: (taken.extend(entries), fold(entries))
+    add(engine, "a", range(30), output_len=3)  # 30 tokens: 8 blocks, the last half full
+    add(engine, "b", range(50, 56), output_len=3)  # 6 tokens: 2 blocks, one entry each
+    engine.step()
+    engine.check_invariants()
+    kinds = [e[0] for e in taken]
+    assert kinds.count(log.FILLED_RUN) == 1 and kinds.count(log.FILLED) == 2
+    run = next(e for e in taken if e[0] == log.FILLED_RUN)
+    assert run[1] == engine.allocator.tables[0] and run[2] == 0 and run[3] == list(range(30))

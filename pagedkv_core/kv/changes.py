@@ -31,6 +31,9 @@ WRITTEN = 9  # (WRITTEN, slot, tokens): K/V of ``tokens`` written from ``slot`` 
 FREED = 10  # (FREED, start, length): a reservation given back
 FRAGMENT = 11  # (FRAGMENT, start, length): a free run too small for the next reservation
 UNFRAGMENT = 12  # (UNFRAGMENT, start, length): no longer that hole: what is free in it is plain free
+FILLED_RUN = 14  # (FILLED_RUN, blocks, offset, tokens): ``tokens`` written from ``offset`` of blocks[0] on,
+#                  through the blocks in order, each filled to its end but the last, each held by its writer
+#                  alone (a prefill chunk across many blocks: one entry, not one a block)
 # Both layouts: a step's plain decodes at once.
 DECODED = 13  # (DECODED, slots, tokens): K/V of tokens[i] written at slots[i], each the next slot of its
 #               sequence's own block (paged: held by it alone, not filled up by it) or reservation
@@ -61,6 +64,9 @@ class ChangeLog:
 
     def filled(self, b: int, offset: int, tokens: list[int]) -> None:
         self.entries.append((FILLED, b, offset, tokens))
+
+    def filled_run(self, blocks: list[int], offset: int, tokens: list[int]) -> None:
+        self.entries.append((FILLED_RUN, blocks, offset, tokens))
 
     def copied(self, src: int, dst: int, n: int) -> None:
         self.entries.append((COPIED, src, dst, n))
@@ -106,5 +112,5 @@ class NoChangeLog:
     def _nothing(self, *args) -> None:
         pass
 
-    taken = held = released = filled = copied = cached = uncached = table = _nothing
+    taken = held = released = filled = filled_run = copied = cached = uncached = table = _nothing
     reserved = written = freed = fragment = unfragment = decoded = _nothing

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .changes import ChangeLog
 
 NO_GROWTH = Growth((), ())
+_RUN_BLOCKS = 4  # blocks one write spans from which the change log gets one entry for them all
 
 
 def cdiv(a: int, b: int) -> int:
@@ -59,6 +60,9 @@ class BlockManager:
         self.preempted_hit_tokens = 0  # re-admissions after recompute, counted apart as vLLM does
         self.preempted_queried_tokens = 0
         self.changes = NoChangeLog() if changes is None else changes  # what a pool view folds
+        # Forks so far. While none, no block with room left is shared: prefix-cache hits are full
+        # blocks and everything else is private, so readers of the tails (the waste split) skip them.
+        self.num_forks = 0
 
     # ------------------------------------------------------------------ read access
     @property
@@ -277,7 +281,7 @@ class BlockManager:
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:
         """Record that the K/V of positions [start, start + count) is now in the pool, and
         index blocks that became full in the prefix cache. One pass per block touched (a
-        decode touches one)."""
+        decode touches one); a write across many blocks is one change-log entry."""
         table, bs = self.tables[seq.seq_id], self.block_size
         tokens = seq.token_ids
         fill, blocks, log = self.fill, self.pool.blocks, self.changes
@@ -291,13 +295,14 @@ class BlockManager:
                 self.filled_slots += 1
                 return
         end = start + count
-        pos = start
+        first, last = start // bs, (end - 1) // bs  # the blocks written
         hashes = None
-        if self.enable_caching and end // bs > start // bs:  # a block fills up: its hash, and those before it
+        if self.enable_caching and end // bs > first:  # a block fills up: its hash, and those before it
             hashes = extend_block_hashes(seq.block_hashes, tokens, bs, end // bs, seq.request.extra_keys)
+        run = log.active and last - first >= _RUN_BLOCKS - 1  # many blocks: one log entry for them all
         indexed: list[int] = []
-        while pos < end:
-            j = pos // bs
+        pos = start
+        for j in range(first, last + 1):
             b = table[j]
             hi = min(end, (j + 1) * bs)
             lo_off, hi_off = pos - j * bs, hi - j * bs
@@ -305,13 +310,15 @@ class BlockManager:
                 raise RuntimeError(f"block {b}: writing at offset {lo_off} but {fill[b]} slots are filled")
             if blocks[b].ref_count != 1:
                 raise RuntimeError(f"block {b}: writing into a block with ref count {blocks[b].ref_count}")
-            if log.active:
+            if log.active and not run:
                 log.filled(b, lo_off, tokens[pos:hi])
             fill[b] = hi_off
-            self.filled_slots += hi - pos
             if hi_off == bs and hashes is not None and self._register(b, hashes, j, tokens):
                 indexed.append(j)
             pos = hi
+        self.filled_slots += count
+        if run:
+            log.filled_run(table[first : last + 1], start - first * bs, tokens[start:end])
         if indexed and log.active:
             log.cached([table[j] for j in indexed], [hashes[j] for j in indexed])
 
@@ -337,6 +344,7 @@ class BlockManager:
     # ------------------------------------------------------------------ sharing and release
     def fork(self, parent: Sequence, child: Sequence) -> list[Event]:
         """``child`` shares every block of ``parent`` (ref counts up); returns the event."""
+        self.num_forks += 1
         table = list(self.tables[parent.seq_id])
         for b in table:
             self._take(child, self.pool.blocks[b])

@@ -25,10 +25,22 @@ def hash_block(parent_hash: int, token_ids, extra_keys: tuple = ()) -> int:
 
 
 def extend_block_hashes(hashes: list[int], token_ids: list[int], block_size: int, num_blocks: int, extra_keys: tuple = ()) -> list[int]:
-    """Grow ``hashes`` (in place) to cover the first ``num_blocks`` full blocks of ``token_ids``."""
+    """Grow ``hashes`` (in place) to cover the first ``num_blocks`` full blocks of ``token_ids``:
+    the values of :func:`hash_block`, chained, with the new blocks' tokens converted to bytes at once."""
     num_blocks = min(num_blocks, len(token_ids) // block_size)
+    first = len(hashes)
+    if first >= num_blocks:
+        return hashes
     parent = hashes[-1] if hashes else NO_HASH
-    for i in range(len(hashes), num_blocks):
-        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra_keys)
+    data = array("q", token_ids[first * block_size : num_blocks * block_size]).tobytes()
+    width = 8 * block_size
+    extra = repr(tuple(extra_keys)).encode() if extra_keys else b""
+    from_bytes = int.from_bytes
+    for at in range(0, len(data), width):
+        h = blake2b(parent.to_bytes(8, "little", signed=True), digest_size=8)
+        h.update(data[at : at + width])
+        if extra:
+            h.update(extra)
+        parent = from_bytes(h.digest(), "little", signed=True) or 1
         hashes.append(parent)
     return hashes

@@ -50,19 +50,25 @@ SLOT_FIELDS = ("slot_state", "slot_owner", "slot_token")
 BLOCK_FIELDS = ("block_state", "block_ref", "block_fill", "block_hash")
 
 
-def _spans(at: np.ndarray, size: int = 1) -> list[int]:
+def _spans(at: np.ndarray, size: int = 1) -> np.ndarray:
     """The ranges ``[a * size, a * size + size)`` of each of ``at``, flat (as :class:`Changes` holds them)."""
     out = np.empty(2 * len(at), dtype=np.int64)
     out[0::2] = at * size
     out[1::2] = out[0::2] + size
-    return out.tolist()
+    return out
+
+
+def _flat(scalars: list[int], runs: list[np.ndarray]) -> np.ndarray:
+    """Flat ranges kept one by one (``scalars``) and many at once (``runs``), as one int64 array."""
+    first = np.array(scalars, dtype=np.int64)
+    return np.concatenate([first, *runs]) if runs else first
 
 
 class Changes(NamedTuple):
     """What one fold touched: what a recording stores (a superset is fine, nothing may be missing)."""
 
-    slots: list[int]  # flat half-open ranges [lo0, hi0, lo1, hi1, ...] of slots whose arrays may have changed
-    blocks: list[int]  # the same, of blocks
+    slots: np.ndarray  # flat half-open ranges [lo0, hi0, lo1, hi1, ...] of slots whose arrays may have changed (int64)
+    blocks: np.ndarray  # the same, of blocks
     tables: set[int]  # seq ids whose block table changed (or went); a recording-only step hands them on as id -> table
 
 
@@ -87,14 +93,17 @@ class PoolView:
         self.block_hash = np.zeros(num_blocks, dtype=np.int64)
         self._holders: dict[int, list[int]] = {}  # block in use -> the seq ids holding it, oldest first
         self._owner_of: dict[int, int] = {}  # seq id -> request index (its owner code)
-        self._slots: list[int] = []
+        self._slots: list[int] = []  # ranges touched, flat, one by one
         self._blocks: list[int] = []
+        self._slot_runs: list[np.ndarray] = []  # and many at once (a numpy fold's), as flat arrays
+        self._block_runs: list[np.ndarray] = []
         self._tables: set[int] = set()
         # False: nobody reads take_changes() (an engine that snapshots but records nothing), so a
         # fold of many blocks or slots at once skips listing their ranges.
         self.tracking = True
         self._fold = {
             log.TAKEN: self._taken, log.HELD: self._held, log.RELEASED: self._released, log.FILLED: self._filled,
+            log.FILLED_RUN: self._filled_run,
             log.COPIED: self._copied, log.CACHED: self._cached, log.UNCACHED: self._uncached,
             log.TABLE: self._table, log.RESERVED: self._reserved, log.WRITTEN: self._written,
             log.FREED: self._freed, log.FRAGMENT: self._fragment, log.UNFRAGMENT: self._unfragment,
@@ -141,10 +150,14 @@ class PoolView:
     def take_changes(self) -> Changes:
         """What the folds since the last call touched (what a recording stores); starts afresh.
         Complete only while ``tracking`` is on (the engine turns it off when nothing records)."""
-        out = Changes(self._slots, self._blocks, self._tables)
-        self._slots, self._blocks = [], []
-        self._tables = set()
+        out = Changes(_flat(self._slots, self._slot_runs), _flat(self._blocks, self._block_runs), self._tables)
+        self.forget_changes()
         return out
+
+    def forget_changes(self) -> None:
+        """Start afresh without reading what the folds touched (nobody records them)."""
+        self._slots, self._blocks, self._slot_runs, self._block_runs = [], [], [], []
+        self._tables = set()
 
     def _mark_block(self, b: int) -> None:
         bs = self.block_size
@@ -261,8 +274,8 @@ class PoolView:
         """The slots of blocks ``at``, block by block, marked as touched with the blocks."""
         bs = self.block_size
         if self.tracking:
-            self._blocks += _spans(at)
-            self._slots += _spans(at, bs)
+            self._block_runs.append(_spans(at))
+            self._slot_runs.append(_spans(at, bs))
         return (at[:, None] * bs + np.arange(bs)).ravel()
 
     def _filled(self, b: int, offset: int, tokens: list[int]) -> None:
@@ -281,6 +294,26 @@ class PoolView:
             self.slot_state[lo : lo + n] = code
         self.block_state[b] = code
         self.block_fill[b] = offset + n
+
+    def _filled_run(self, blocks: list[int], offset: int, tokens: list[int]) -> None:
+        """``tokens`` written from ``offset`` of ``blocks[0]`` on, through ``blocks`` in order (each
+        filled to its end but the last), each held by its writer alone: one pass of numpy."""
+        bs, n = self.block_size, len(tokens)
+        at = np.array(blocks, dtype=np.int64)
+        base = at * bs
+        fill = np.minimum(offset + n - np.arange(len(at)) * bs, bs)
+        slots = (base[:, None] + np.arange(bs)).ravel()[offset : offset + n]
+        self.slot_token[slots] = tokens
+        self.slot_state[slots] = _FILLED
+        self.block_state[at] = _FILLED
+        self.block_fill[at] = fill
+        if self.tracking:
+            self._block_runs.append(_spans(at))
+            spans = np.empty(2 * len(at), dtype=np.int64)
+            spans[0::2] = base
+            spans[0] += offset
+            spans[1::2] = base + fill
+            self._slot_runs.append(spans)
 
     def _copied(self, src: int, dst: int, n: int) -> None:
         bs = self.block_size
@@ -301,7 +334,7 @@ class PoolView:
         for b in unheld:  # none from an engine: a sequence's own write indexes its blocks
             self._refresh(b)
         if self.tracking:
-            self._blocks += _spans(at)
+            self._block_runs.append(_spans(at))
 
     def _uncached(self, b: int) -> None:
         self.block_hash[b] = NO_HASH
@@ -316,13 +349,13 @@ class PoolView:
         self.slot_token[at] = tokens
         self.slot_state[at] = _FILLED
         if self.tracking:
-            self._slots += _spans(at)
+            self._slot_runs.append(_spans(at))
         if self.num_blocks:
             blocks = at // self.block_size
             self.block_state[blocks] = _FILLED
             self.block_fill[blocks] = at - blocks * self.block_size + 1
             if self.tracking:
-                self._blocks += _spans(blocks)
+                self._block_runs.append(_spans(blocks))
 
     # contiguous entries ----------------------------------------------------------------------
     def _reserved(self, start: int, length: int, owner: int) -> None:

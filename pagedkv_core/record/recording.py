@@ -111,10 +111,13 @@ _SORT_INDICES = 4096  # up to this many indices in all, range_indices sorts them
 
 def range_indices(spans) -> np.ndarray:
     """int32 indices covered by half-open spans, merged (each index once, sorted). ``spans`` is
-    a flat list ``[lo0, hi0, lo1, hi1, ...]`` (what a PoolView hands over) or ``(lo, hi)`` pairs."""
+    flat, ``[lo0, hi0, lo1, hi1, ...]`` (a list, or the int64 array a PoolView hands over), or
+    ``(lo, hi)`` pairs."""
     if not len(spans):
         return np.zeros(0, dtype=np.int32)
-    if isinstance(spans[0], (tuple, list)):
+    if isinstance(spans, np.ndarray):
+        flat = spans.astype(np.int64, copy=False)
+    elif isinstance(spans[0], (tuple, list)):
         flat = np.fromiter(chain.from_iterable(spans), dtype=np.int64, count=2 * len(spans))
     else:
         flat = np.array(spans, dtype=np.int64)

@@ -206,8 +206,9 @@ class WasteAccumulator:
         if seqs is None:
             seqs = seq_arrays(alloc, engine.scheduler, tables=False)
         paged = alloc.kind == "paged"
+        tails = paged and alloc.num_forks > 0  # before any fork no block with room is shared
         self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seqs,
-                      alloc.ref_counts if paged else None, block_at=alloc.blocks_at if paged else None)
+                      alloc.ref_counts if tails else None, block_at=alloc.blocks_at if tails else None)
 
     def add_step(self, kind: str, num_slots: int, block_size: int, metrics, seqs, block_ref, block_at=None) -> None:
         """One step from its parts: ``kind`` ("paged" | "contiguous"), the pool's slots, the
@@ -217,7 +218,8 @@ class WasteAccumulator:
         ``seq_num_computed``, ``seq_num_blocks`` and, unless ``block_at`` is given, ``seq_table_offsets``
         and ``seq_tables``) and the blocks' reference counts (paged; read only at the sequences'
         current blocks): an array indexed by block id, or a function that takes block ids and
-        returns theirs. ``block_at(seq_ids, block_indices)``: those blocks of those sequences'
+        returns theirs; None where no block with room left is shared (a paged allocator before its
+        first fork: nothing is looked up). ``block_at(seq_ids, block_indices)``: those blocks of those sequences'
         tables, instead of the tables."""
         get = seqs.__getitem__ if isinstance(seqs, Mapping) else lambda name: getattr(seqs, name)
         step = self._steps
@@ -228,7 +230,7 @@ class WasteAccumulator:
         hi = np.asarray(get("seq_num_blocks"), dtype=np.int64) * block_size
         has = hi > lo
         own = has
-        if kind == "paged" and has.any():
+        if kind == "paged" and block_ref is not None and has.any():
             # Only the block holding position num_computed can be shared and still have room:
             # blocks before it are full, blocks after it are fresh and private, and prefix-cache
             # hits are full blocks. Its holders (forked samples) share lo and the block's end.

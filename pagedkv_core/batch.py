@@ -28,8 +28,8 @@ class SeqWork:
     sample_index: int  # which of the request's n samples this sequence is (0 before a fork)
     token_ids: list[int]  # tokens whose K/V this step computes (a prefill chunk, or 1 for decode)
     start_pos: int  # position of token_ids[0] (= tokens whose K/V were already in the pool)
-    slots: list[int]  # flat slot for each of token_ids (len(slots) == len(token_ids))
-    block_table: Sequence[int]  # physical block ids covering positions [0, context_len) (a range for contiguous)
+    slots: list[int]  # flat slot for each of token_ids (len(slots) == len(token_ids)); [] for a source that reads none
+    block_table: Sequence[int]  # physical block ids covering positions [0, context_len) (a range for contiguous); [] likewise
     num_samples: int  # 0: a prefill chunk that samples nothing; 1: next token; n>1: fork into n
     sampling: SamplingParams
     num_output_tokens: int  # output tokens this sequence already has (the next one is at this index)
@@ -121,6 +121,8 @@ class TokenSource(Protocol):
     vocab_size: int  # prompt token ids must be below it (the engine rejects a request that has one)
     # Optional: ``reads_lane = True`` asks for plain decodes as ``batch.lane`` (columns) rather than
     # one SeqWork each in ``batch.seqs``; a source without it sees every sequence in ``batch.seqs``.
+    # ``reads_slots = False`` says it reads no K/V places: its SeqWorks come with ``slots`` and
+    # ``block_table`` empty (a source that writes no K/V need not pay for them).
 
     def bind(self, num_slots: int, num_host_slots: int) -> None:
         """Allocate (or re-allocate) KV storage: ``num_slots`` device slots and

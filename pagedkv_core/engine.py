@@ -95,7 +95,8 @@ class Engine:
         self.allocator = build_allocator(config, self.max_model_len, self._changes, kv_event_sink=kv_event_sink)
         self.view = PoolView.of(self.allocator) if viewed else None  # the arrays snapshots and recordings read
         self.scheduler = Scheduler(config, self.allocator, source.eos_token_id, self.max_model_len,
-                                   lane_source=bool(getattr(source, "reads_lane", False)))
+                                   lane_source=bool(getattr(source, "reads_lane", False)),
+                                   slot_source=bool(getattr(source, "reads_slots", True)))
         self.vocab_size = int(source.vocab_size)  # prompt ids at or past it are rejected
         self.recording = recording
         if recording is not None:

@@ -90,11 +90,14 @@ class Scheduler:
     the step did as :class:`Completion` (``totals`` sums the counts over the run)."""
 
     def __init__(self, config: EngineConfig, allocator: Allocator, eos_token_id: int | None, max_model_len: int,
-                 lane_source: bool = False):
+                 lane_source: bool = False, slot_source: bool = True):
         """``lane_source``: the token source reads plain decodes as ``batch.lane`` (else each is
-        also a SeqWork in ``batch.seqs``)."""
+        also a SeqWork in ``batch.seqs``). ``slot_source=False``: it reads no K/V places (the
+        SeqWorks' ``slots`` and ``block_table`` are left empty; a prefill chunk's slots would be
+        a list as long as the chunk)."""
         self.config = config
         self.lane_source = lane_source
+        self.slot_source = slot_source
         self.allocator = allocator
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
@@ -249,7 +252,7 @@ class Scheduler:
         prefill = decode = 0
         add_seq, add_work = plan.batch.seqs.append, plan.work.append
         slots_for, block_table = alloc.slots_for, alloc.table_view
-        works = not self.lane_source
+        works, places = not self.lane_source, self.slot_source
         lane_at = []
         for at, (seq, count, slot) in enumerate(plan.chosen):
             if slot >= 0 and not works:  # a plain decode, for the lane alone
@@ -269,8 +272,8 @@ class Scheduler:
                     seq.sample_index,
                     tokens[start:end],
                     start,
-                    [slot] if slot >= 0 else slots_for(seq, start, count),
-                    block_table(seq, end),
+                    ([slot] if slot >= 0 else slots_for(seq, start, count)) if places else [],
+                    block_table(seq, end) if places else [],
                     num_samples,
                     request.sampling,
                     num_out,

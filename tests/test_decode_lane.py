@@ -162,6 +162,36 @@ def test_a_source_that_overrides_execute_sees_every_sequence():
     assert seen and all(lane is None and n == 3 for lane, n in seen)
 
 
+def test_a_source_that_writes_no_kv_gets_no_slots_and_one_that_may_gets_them():
+    """The scripted source writes no K/V (``reads_slots`` False): its SeqWorks come without slots
+    or block tables, and the step is the same; a subclass that overrides execute gets them all."""
+
+    class Peek(ScriptedSource):
+        def execute(self, batch):
+            return super().execute(batch)
+
+    seen = {}
+    for source in (ScriptedSource(), Peek()):
+        works = seen[type(source).__name__] = []
+        execute = source.execute
+        source.execute = lambda batch, execute=execute, works=works: (works.extend(batch.seqs), execute(batch))[1]
+        engine = Engine(EngineConfig(pool_slots=512, block_size=4), source)
+        for i in range(3):
+            engine.add_request(f"r{i}", list(range(3 + 5 * i)), SamplingParams(max_tokens=8), output_len=6)
+        engine.run()
+        assert engine.num_finished == 3
+    assert not ScriptedSource().reads_slots and Peek().reads_slots
+    plain, peek = seen["ScriptedSource"], seen["Peek"]
+    assert plain and all(w.slots == [] and w.block_table == [] for w in plain)  # prefills (decodes: the lane)
+    assert len(peek) > len(plain)  # every sequence, decodes included
+    for w in peek:
+        want = [w.block_table[p // 4] * 4 + p % 4 for p in range(w.start_pos, w.context_len)]
+        assert list(w.slots) == want and len(w.block_table) == -(-w.context_len // 4)
+    key = lambda w: (w.seq_id, w.start_pos, tuple(w.token_ids), w.num_samples)  # noqa: E731
+    assert {key(w) for w in plain} <= {key(w) for w in peek}  # the same work, its places aside
+    assert {key(w) for w in peek if len(w.token_ids) > 1} <= {key(w) for w in plain}  # every prefill
+
+
 def test_a_lane_source_answers_in_the_lane_and_a_short_answer_is_refused():
     """A source that reads the lane answers its plain decodes in ``lane.tokens``, one each in
     the lane's order; an answer of the wrong length stops the step with a clear error."""

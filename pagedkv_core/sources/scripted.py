@@ -93,6 +93,12 @@ class ScriptedSource:
         """True unless a subclass overrides :meth:`execute` (it then sees every sequence in ``batch.seqs``)."""
         return type(self).execute is ScriptedSource.execute
 
+    @property
+    def reads_slots(self) -> bool:
+        """False unless a subclass overrides :meth:`execute`: this one writes no K/V, so it needs
+        no slots nor block tables."""
+        return type(self).execute is not ScriptedSource.execute
+
     def bind(self, num_slots: int, num_host_slots: int) -> None:
         self.num_slots = num_slots
         self.num_host_slots = num_host_slots

@@ -10,7 +10,8 @@ per-block arrays that snapshots, recordings and heatmaps read, and names the ran
 Each entry is a tuple whose first item is its kind (the constants below). Logging is O(1) per
 entry (plus the tokens written, which the step computes anyway). The blocks a sequence takes
 at once (admission, growth, swap-in), lets go at once (its end, a preemption) or fills up in
-one write (indexed in the prefix cache) are one entry, and a step's plain decodes
+one write (indexed in the prefix cache) are one entry, so is a write across many blocks (a
+prefill chunk: :data:`FILLED_RUN`), and a step's plain decodes
 (:meth:`ChangeLog.decoded`) are one entry for all of them. :class:`NoChangeLog` is what an
 allocator gets when nothing records or snapshots the run: every call is a no-op and nothing is kept.
 """

@@ -12,8 +12,8 @@ Allocators only allocate: what they change they tell a change log
 :meth:`PoolView.fold` applies one step's entries; :meth:`PoolView.take_changes` then names the
 :class:`Changes` they made (the slot and block ranges touched, the tables that changed): what a
 recording stores. The cost follows the entries: a step's plain decodes are one entry, and so are
-the blocks a sequence takes, lets go or gets indexed at once, each folded by numpy at once; a
-block filled or held, O(block size).
+the blocks a sequence takes, lets go, gets indexed or has written at once, each folded by numpy at
+once; a block filled or held alone, O(block size). The ranges touched go to a recording as int64 arrays.
 The engine owns the view (``Engine.view``) and folds after every step; with nothing recording or
 snapshotting it keeps none, and allocators log nothing.
 

@@ -13,20 +13,27 @@ from hashlib import blake2b
 NO_HASH = 0  # "not hashed" in snapshot arrays; a real hash is never 0
 
 
+def _extra_bytes(extra_keys: tuple) -> bytes:
+    return repr(tuple(extra_keys)).encode() if extra_keys else b""
+
+
+def _chain(parent_hash: int, block: bytes, extra: bytes) -> int:
+    """The hash of a block whose token ids are ``block`` (int64 bytes), under ``parent_hash``."""
+    h = blake2b(parent_hash.to_bytes(8, "little", signed=True), digest_size=8)
+    h.update(block)
+    if extra:
+        h.update(extra)
+    return int.from_bytes(h.digest(), "little", signed=True) or 1
+
+
 def hash_block(parent_hash: int, token_ids, extra_keys: tuple = ()) -> int:
     """Signed 64-bit hash of one full block, chained to its parent's hash (0 for the first)."""
-    h = blake2b(digest_size=8)
-    h.update(parent_hash.to_bytes(8, "little", signed=True))
-    h.update(array("q", token_ids).tobytes())
-    if extra_keys:
-        h.update(repr(tuple(extra_keys)).encode())
-    value = int.from_bytes(h.digest(), "little", signed=True)
-    return value or 1
+    return _chain(parent_hash, array("q", token_ids).tobytes(), _extra_bytes(extra_keys))
 
 
 def extend_block_hashes(hashes: list[int], token_ids: list[int], block_size: int, num_blocks: int, extra_keys: tuple = ()) -> list[int]:
     """Grow ``hashes`` (in place) to cover the first ``num_blocks`` full blocks of ``token_ids``:
-    the values of :func:`hash_block`, chained, with the new blocks' tokens converted to bytes at once."""
+    :func:`hash_block` chained, the new blocks' tokens converted to bytes at once."""
     num_blocks = min(num_blocks, len(token_ids) // block_size)
     first = len(hashes)
     if first >= num_blocks:
@@ -34,13 +41,8 @@ def extend_block_hashes(hashes: list[int], token_ids: list[int], block_size: int
     parent = hashes[-1] if hashes else NO_HASH
     data = array("q", token_ids[first * block_size : num_blocks * block_size]).tobytes()
     width = 8 * block_size
-    extra = repr(tuple(extra_keys)).encode() if extra_keys else b""
-    from_bytes = int.from_bytes
+    extra = _extra_bytes(extra_keys)
     for at in range(0, len(data), width):
-        h = blake2b(parent.to_bytes(8, "little", signed=True), digest_size=8)
-        h.update(data[at : at + width])
-        if extra:
-            h.update(extra)
-        parent = from_bytes(h.digest(), "little", signed=True) or 1
+        parent = _chain(parent, data[at : at + width], extra)
         hashes.append(parent)
     return hashes

@@ -309,8 +309,7 @@ class PoolView:
         self.block_fill[at] = fill
         if self.tracking:
             self._block_runs.append(_spans(at))
-            spans = np.empty(2 * len(at), dtype=np.int64)
-            spans[0::2] = base
+            spans = _spans(at, bs)  # each block's slots, cut to what was written
             spans[0] += offset
             spans[1::2] = base + fill
             self._slot_runs.append(spans)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TABLE = Path(__file__).resolve().parent / "README_TABLE.md"
-ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "playback", "scale", "replay-speed", "roofline",
+ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "playback", "scale", "replay-speed", "step-cost", "roofline",
          "live",
          "prefix-capacity", "gpu_engine", "gpu_kernels")
 
@@ -189,6 +189,19 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("playback: server time of one step's figures on *Reserve or page* (a 2,048-slot pair of heatmaps, "
                      "the event strip and the curves, as sent)",
                      f"{r['median_ms']:.0f} ms median (p90 {r['p90_ms']:.0f} ms)", "< 150 ms", _verdict(t["pass"])))
+        return rows
+    if name == "step-cost":
+        sizes = r["setup"]["sizes"]
+        lo, hi = r["setup"]["slope_between"]
+        for engine, e in r["engines"].items():
+            for way in ("plain", "recorded"):
+                steps = ", ".join(f"{e['us_per_step'][way][str(n)]:,.0f}" for n in sizes)
+                rows.append((f"step cost, {way} ({'no recording' if way == 'plain' else 'in-memory recording'}), {engine}: "
+                             f"µs per step at {', '.join(map(str, sizes))} decoding sequences; µs each sequence adds ({lo} to {hi})",
+                             f"{steps}; **{e['us_per_sequence'][way]:.2f}**", "reported", "-"))
+        for way, x in r.get("ratio_per_sequence", {}).items():
+            rows.append((f"step cost, {way}: per-sequence cost, commit {r['setup']['baseline']} / this engine",
+                         _x(x), "reported", "-"))
         return rows
     if name.startswith("gpu"):
         if r.get("skipped"):

@@ -52,15 +52,18 @@ _SEQ_ID, _REQUEST_ID, _SAMPLE_INDEX = map(attrgetter, ("seq_id", "request.reques
 class DecodeLane:
     """A step's *plain decodes*: each sequence writes the K/V of its last token at ``slots[i]``,
     a slot it already holds alone (see ``Allocator.decode_slot``), and samples one token. The
-    scheduler collects them in one pass and writes them in one call; a token source that reads
-    the lane (``reads_lane``) gets them here, as columns, instead of one :class:`SeqWork` each,
+    scheduler writes them in one call; a token source that reads the lane (``reads_lane``) gets
+    them here, as columns (numpy arrays where the scheduler took them by whole columns, lists
+    where it took a small batch one at a time), instead of one :class:`SeqWork` each,
     and answers them in ``tokens`` (one new token each, in the lane's order), not in
     ``execute``'s dict. Read the columns before the step completes (it appends each sequence's
     new token)."""
 
     seqs: list = field(default_factory=list)  # the scheduler's Sequence objects (sources read the columns)
-    slots: list[int] = field(default_factory=list)
-    at: list[int] = field(default_factory=list)  # each one's place among the step's sequences (for order)
+    slots: Sequence[int] = ()
+    at: Sequence[int] = ()  # each one's place among the step's sequences
+    num_out: Sequence[int] = ()  # output tokens each has so far
+    last: Sequence[int] = ()  # each one's last token (the one written at slots[i])
     tokens: list[int] | None = None  # the source's answer: seqs[i]'s new token is tokens[i] (Python ints)
 
     def __len__(self) -> int:
@@ -79,9 +82,9 @@ class DecodeLane:
         return list(map(_SAMPLE_INDEX, self.seqs))
 
     @property
-    def num_output_tokens(self) -> list[int]:
+    def num_output_tokens(self) -> Sequence[int]:
         """Each one's next token is at this output index."""
-        return [len(s.token_ids) - s.num_prompt_tokens for s in self.seqs]
+        return self.num_out
 
 
 @dataclass

@@ -51,6 +51,7 @@ from .record.snapshot import StepSnapshot, seq_arrays, take_snapshot
 
 
 _INDEX = operator.attrgetter("index")  # requests in submission order
+_REQUEST, _SEQ_ID = operator.attrgetter("request"), operator.attrgetter("seq_id")
 _FINISHED = int(SequenceStatus.FINISHED)
 
 
@@ -267,9 +268,7 @@ class Engine:
             raise ValueError("this engine keeps no pool view (snapshots=False, no recording): call step(snapshot=False)")
         step = self.step_index
         sched = self.scheduler
-        sched.touched.clear()
-        sched.ended.clear()
-        sched.sampled.clear()
+        sched.new_step()
         if step == 0 and self.config.eviction == "belady":
             plan_eviction(self.allocator, self.requests.values())  # the future: every request held now
         if self._feed_next is not None:
@@ -391,8 +390,12 @@ class Engine:
                 if (finished or request.reject_reason is not None) and self._release_finished:
                     self._release(request)
             return []
-        touched = sorted(self.scheduler.touched, key=_INDEX)
-        sampled = self.scheduler.sampled
+        sched = self.scheduler
+        touched, sampled = sched.touched, sched.sampled
+        if sched.lane_sampled:  # the plain decodes: each got a token, and touched its request
+            touched.update(map(_REQUEST, sched.lane_sampled))
+            sampled.update(map(_SEQ_ID, sched.lane_sampled))
+        touched = sorted(touched, key=_INDEX)
         outputs = []
         for request in touched:
             if request.reject_reason is not None:
@@ -516,5 +519,6 @@ class Engine:
         for seq in sched.swapped:
             assert seq.status == SequenceStatus.SWAPPED
         self.allocator.check_invariants(live)
+        sched.check_invariants()
         if self.view is not None:
             self.view.check_against(self.allocator, live)

@@ -55,6 +55,17 @@ def test_quick_simulator_and_allocation_write_results(tmp_path):
     assert not (tmp_path / "throughput.json").exists()
 
 
+def test_quick_step_cost_measures_each_way_and_the_table_reports_it(tmp_path):
+    from benchmarks import bench_step_cost, report
+
+    result = bench_step_cost.run(quick=True, baseline=None)
+    e = result["engines"]["this engine"]
+    assert set(e["us_per_step"]) == {"plain", "recorded"}
+    assert all(v > 0 for way in e["us_per_step"].values() for v in way.values())
+    rows = report._rows("step-cost", result)
+    assert len(rows) == 2 and all(r[0].startswith("step cost") for r in rows)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["nope"], "unknown benchmark 'nope'"),
     (["simulator", "--rounds", "0"], "--rounds must be >= 1"),

@@ -36,11 +36,14 @@ class OneWorkEach(ScriptedSource):
         return super().execute(batch)
 
 
-def run(config: dict, requests: list[dict], lane: bool) -> tuple[Engine, Recording, list]:
+def run(config: dict, requests: list[dict], lane: bool, columns_from: int | None = None) -> tuple[Engine, Recording, list]:
+    """``columns_from``: the scheduler's (0: every step takes its plain decodes by whole columns)."""
     source = ScriptedSource() if lane else OneWorkEach()
     assert source.reads_lane is lane
     rec = Recording()
     engine = Engine(EngineConfig(**config), source, recording=rec)
+    if columns_from is not None:
+        engine.scheduler.columns_from = columns_from
     for r in requests:
         add(engine, **r)
     outputs = []
@@ -57,12 +60,15 @@ def run(config: dict, requests: list[dict], lane: bool) -> tuple[Engine, Recordi
 
 @pytest.mark.parametrize("allocator", list(ALLOCATORS))
 @pytest.mark.parametrize("preemption", PREEMPTION_MODES)
-def test_the_lane_and_a_recording_only_step_change_nothing(allocator, preemption):
+@pytest.mark.parametrize("columns", [False, True], ids=["one-by-one", "by-columns"])
+def test_the_lane_and_a_recording_only_step_change_nothing(allocator, preemption, columns):
+    """``columns``: every step takes its plain decodes by whole columns (the scheduler does from
+    ``columns_from`` running sequences on; these cases run fewer), else one at a time."""
     rng = np.random.default_rng([7, len(allocator), len(preemption)])
     lane_steps = decodes = 0  # what the cases ran, so that the test keeps testing what it claims
     for _ in range(12):
         config, requests = random_case(rng, allocator, preemption)
-        engine, rec, outs = run(config, requests, lane=True)
+        engine, rec, outs = run(config, requests, lane=True, columns_from=0 if columns else None)
         ref_engine, ref, ref_outs = run(config, requests, lane=False)
         assert outs == ref_outs
         assert list(rec.records()) == list(ref.records())  # byte for byte: pool, rows, tables, events

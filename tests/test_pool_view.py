@@ -63,7 +63,7 @@ def test_a_decode_step_logs_one_entry_for_all_its_plain_decodes_one_slot_each():
     assert [e[0] for e in entries] == [log.DECODED]
     (_, slots, tokens), = entries
     tables = [engine.allocator.tables[s.seq_id] for s in engine.scheduler.running]
-    assert slots == [t[0] * 16 + 3 for t in tables] and len(tokens) == 4
+    assert list(slots) == [t[0] * 16 + 3 for t in tables] and len(tokens) == 4
 
 
 def test_a_decode_records_one_slot_per_sequence():

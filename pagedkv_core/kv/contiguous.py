@@ -171,12 +171,12 @@ class ContiguousAllocator:
             return -1
         return self.reservations[seq.seq_id][0] + start
 
-    def write_decodes(self, slots: list[int], tokens: list[int]) -> None:
-        if not slots:
-            return
+    def write_decodes(self, slots, tokens, after: bool = False) -> np.ndarray | None:
+        """``after``: the reservation's next slot (every decode is plain here)."""
         self.filled_slots += len(slots)
-        if self.changes.active:
+        if self.changes.active and len(slots):
             self.changes.decoded(slots, tokens)
+        return slots + 1 if after else None
 
     def free(self, seq: Sequence) -> None:
         r = self.reservations.pop(seq.seq_id, None)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .block_pool import Block, BlockPool, HostPool
 from .changes import NoChangeLog
 from .eviction import make_eviction
@@ -266,17 +268,19 @@ class BlockManager:
             return -1
         return b * bs + off
 
-    def write_decodes(self, slots: list[int], tokens: list[int]) -> None:
-        """Plain decodes at ``slots`` (from :meth:`decode_slot`): each block's fill moves on by
-        one; the change log gets one entry for all of them."""
-        if not slots:
-            return
+    def write_decodes(self, slots, tokens, after: bool = False) -> np.ndarray | None:
+        """Plain decodes at ``slots`` (from :meth:`decode_slot`; an array with ``after``): each
+        block's fill moves on by one; the change log gets one entry for all of them. ``after``:
+        the same block's next slot, while the token there would not fill it."""
         fill, bs = self.fill, self.block_size
-        for slot in slots:
+        for slot in slots.tolist() if isinstance(slots, np.ndarray) else slots:
             fill[slot // bs] += 1
         self.filled_slots += len(slots)
-        if self.changes.active:
+        if self.changes.active and len(slots):
             self.changes.decoded(slots, tokens)
+        if after:
+            return np.where(slots % self.block_size + 2 < self.block_size, slots + 1, -1)
+        return None
 
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:
         """Record that the K/V of positions [start, start + count) is now in the pool, and

@@ -35,6 +35,8 @@ from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .changes import ChangeLog, NoChangeLog
     from ..events import Event
     from ..sequence import Sequence
@@ -116,9 +118,12 @@ class Allocator(Protocol):
         its one uncomputed token fits in what it already holds, alone there (no growth, no copy
         on write, no block completed); -1 otherwise (then ``try_append``/``mark_written``)."""
 
-    def write_decodes(self, slots: list[int], tokens: list[int]) -> None:
+    def write_decodes(self, slots, tokens, after: bool = False) -> np.ndarray | None:
         """The K/V of ``tokens[i]`` written at ``slots[i]``, each a slot ``decode_slot`` gave for
-        this step: what ``mark_written(seq, pos, 1)`` does for each, in one call."""
+        this step: what ``mark_written(seq, pos, 1)`` does for each, in one call. ``after``
+        (``slots`` an array): also return where each sequence's next token goes if that is a
+        plain decode too (what ``decode_slot`` will answer while the sequence keeps running and
+        decoding: nothing else changes a block a sequence holds alone), else -1."""
 
     # preemption hooks and capabilities (only called when the flag says so) -------------
     def fork(self, parent: Sequence, child: Sequence) -> list[Event]: ...

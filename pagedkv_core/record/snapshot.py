@@ -32,6 +32,7 @@ import numpy as np
 
 from ..events import Event
 from ..metrics import StepMetrics
+from ..sequence import SequenceStatus
 
 SLOT_ARRAYS = {"slot_state": np.int8, "slot_owner": np.int32, "slot_token": np.int32}
 BLOCK_ARRAYS = {"block_state": np.int8, "block_ref": np.int32, "block_fill": np.int16, "block_hash": np.int64}
@@ -208,23 +209,59 @@ def _short(value, limit: int = 40) -> str:
 
 _ROW = attrgetter("seq_id", "request.index", "sample_index", "status", "num_computed")
 _TOKENS = attrgetter("token_ids")
+_STATUS = attrgetter("status")
+_LISTED_ROW = attrgetter("num_tokens", "num_computed", "seq_id", "request.index", "sample_index")  # RunningSet.rows' order
+_RUNNING = int(SequenceStatus.RUNNING)
 
 
 def seq_arrays(allocator, scheduler, tables: bool = True) -> dict:
-    """The per-sequence arrays, the block tables (CSR) and the queues of the live sequences,
-    read through the allocator's public layout methods. O(live sequences + table entries);
-    ``tables=False`` leaves the tables out (``seq_table_offsets`` and ``seq_tables``: every
-    entry of every table, each step), for a caller that draws and records nothing."""
+    """The per-sequence arrays, the block tables (CSR) and the queues of the live sequences.
+    With ``tables`` (a full snapshot, which lists every entry of every table anyway), or after a
+    step the scheduler took one sequence at a time: one pass over the sequences through the
+    allocator's public layout methods. Otherwise (``tables=False``, for a caller that draws
+    nothing, such as a recording, after a step taken by columns): the running sequences from the
+    scheduler's columns, where only what changed since the last step is read again
+    (:meth:`~pagedkv_core.scheduler.Scheduler.running_rows`), the waiting and swapped ones one
+    at a time."""
+    if tables or not scheduler.keeps_columns:
+        return _listed_one_by_one(allocator, scheduler, tables)
+    running, waiting, swapped = scheduler.running, scheduler.waiting, scheduler.swapped
+    rows = scheduler.running_rows()  # tokens, computed, id, request, sample, blocks, reserved start
+    queued = waiting + swapped
+    m = len(queued)
+    if m:
+        q_blocks, q_reserved, _ = allocator.seq_layout(queued)
+        q = np.empty((7, m), dtype=np.int64)
+        q[:5] = np.fromiter(chain.from_iterable(map(_LISTED_ROW, queued)), np.int64, 5 * m).reshape(m, 5).T
+        q[5] = q_blocks
+        q[6] = q_reserved if q_reserved is not None else -1
+        rows = np.concatenate([rows, q], axis=1).astype(np.int32)
+        status = np.full(len(running) + m, _RUNNING, dtype=np.int8)
+        status[len(running):] = np.fromiter(map(_STATUS, queued), np.int8, m)
+    else:
+        rows = rows.astype(np.int32)
+        status = np.full(len(running), _RUNNING, dtype=np.int8)
+    return {
+        "seq_id": rows[2],
+        "seq_request": rows[3],
+        "seq_sample": rows[4],
+        "seq_status": status,
+        "seq_num_tokens": rows[0],
+        "seq_num_computed": rows[1],
+        "seq_num_blocks": rows[5],
+        "seq_reserved_start": rows[6],
+        "waiting": tuple(s.seq_id for s in waiting),
+        "running": tuple(rows[2, : len(running)].tolist()),
+        "swapped": tuple(s.seq_id for s in swapped),
+    }
+
+
+def _listed_one_by_one(allocator, scheduler, tables: bool) -> dict:
+    """:func:`seq_arrays` read from each sequence: O(live sequences + table entries)."""
     running, waiting, swapped = scheduler.running, scheduler.waiting, scheduler.swapped
     seqs = running + waiting + swapped
     n = len(seqs)
     num_blocks, reserved, block_tables = allocator.seq_layout(seqs)
-    if block_tables is not None and n and tables:
-        offsets = np.fromiter(accumulate(num_blocks, initial=0), np.int32, n + 1)
-        flat = np.fromiter(chain.from_iterable(block_tables), dtype=np.int32, count=int(offsets[-1]))
-    else:
-        offsets = np.zeros(n + 1, dtype=np.int32)
-        flat = _empty(np.int32)
     # Five columns in one pass (a C-level getter a sequence), the token counts in another.
     rows = np.fromiter(chain.from_iterable(map(_ROW, seqs)), np.int32, 5 * n).reshape(n, 5).T.copy()
     i32 = np.int32
@@ -239,6 +276,12 @@ def seq_arrays(allocator, scheduler, tables: bool = True) -> dict:
         "seq_reserved_start": np.array(reserved, dtype=i32) if reserved is not None else np.full(n, -1, i32),
     }
     if tables:
+        if block_tables is not None and n:
+            offsets = np.fromiter(accumulate(num_blocks, initial=0), np.int32, n + 1)
+            flat = np.fromiter(chain.from_iterable(block_tables), dtype=np.int32, count=int(offsets[-1]))
+        else:
+            offsets = np.zeros(n + 1, dtype=np.int32)
+            flat = _empty(np.int32)
         out["seq_table_offsets"] = offsets
         out["seq_tables"] = flat
     out["waiting"] = tuple(s.seq_id for s in waiting)

@@ -22,7 +22,9 @@ decode for it, and moves every plain-decoding sequence on at once after the step
 prefills, forks, joins) is marked stale (:meth:`touch`) and read again, from the sequence and
 the allocator, when the rows are next asked for. So a step's plain decodes are chosen, written,
 checked and listed by whole columns; only the sequences that cross a block boundary, finish, or
-are preempted or admitted cost Python work one at a time.
+are preempted or admitted cost Python work one at a time. (The scheduler keeps the columns from
+``Scheduler.columns_from`` running sequences on; below, it takes every sequence one at a time and
+marks every column unknown and stale: :meth:`forget`.)
 """
 from __future__ import annotations
 

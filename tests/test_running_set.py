@@ -14,10 +14,9 @@ from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sources.scripted import ScriptedSource
 
 
-def decoding_engine(n: int, allocator: str = "paged", recording=None) -> Engine:
+def decoding_engine(n: int) -> Engine:
     """``n`` requests of 3 prompt tokens and 100 answer tokens, block size 16, after their prefill step."""
-    engine = Engine(EngineConfig(pool_slots=16 * 1024, block_size=16, allocator=allocator), ScriptedSource(),
-                    recording=recording, snapshots=recording is not None)
+    engine = Engine(EngineConfig(pool_slots=16 * 1024, block_size=16), ScriptedSource(), snapshots=False)
     engine.scheduler.columns_from = 0
     for i in range(n):
         engine.add_request(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=200), output_len=100)

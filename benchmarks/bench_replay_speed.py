@@ -47,7 +47,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "pagedkv_core" / "data"
 POOL = 262_144
 BASELINE_COMMIT = "9fbef5e"
-BASELINE_DIR = Path(tempfile.gettempdir()) / f"base-{BASELINE_COMMIT}"
 BASELINE_LIMIT = 5000  # requests the old engine takes from a log
 LOGS = {
     "azure-conv": (DATA / "azure_conv_2023.csv", []),
@@ -71,13 +70,15 @@ def cpu_info() -> dict:
     return {"cpu_model": cpu_model_name(), "isa_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count()}
 
 
-def _baseline_root(commit: str = BASELINE_COMMIT) -> Path | None:
-    """A worktree of ``commit`` (made once); None where git cannot make one."""
-    if (BASELINE_DIR / "pagedkv_core").is_dir():
-        return BASELINE_DIR
-    done = subprocess.run(["git", "worktree", "add", "--detach", str(BASELINE_DIR), commit], cwd=ROOT,
+def baseline_root(commit: str = BASELINE_COMMIT) -> Path | None:
+    """A worktree of ``commit`` in the temporary directory (``base-COMMIT``, made once); None where
+    git cannot make one. ``bench step-cost`` takes its older engine from here too."""
+    where = Path(tempfile.gettempdir()) / f"base-{commit}"
+    if (where / "pagedkv_core").is_dir():
+        return where
+    done = subprocess.run(["git", "worktree", "add", "--detach", str(where), commit], cwd=ROOT,
                           capture_output=True, text=True, check=False)
-    return BASELINE_DIR if done.returncode == 0 else None
+    return where if done.returncode == 0 else None
 
 
 def _busy_steps(trace: Path) -> tuple[int, int]:
@@ -229,7 +230,7 @@ def run(quick: bool = False, baseline: bool = True, workers: int = PARALLEL, par
     cut short keeps what it measured."""
     from concurrent.futures import ThreadPoolExecutor
 
-    base = _baseline_root() if baseline else None
+    base = baseline_root() if baseline else None
     plan = []
     for log in logs:
         plan += [("this", ROOT, log, allocator, None) for allocator in ALLOCATORS]

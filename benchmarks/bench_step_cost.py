@@ -19,7 +19,7 @@ token to its sequence's list.
 each in a fresh child process; medians of ``ROUNDS``.
 
     python -m benchmarks step-cost [--quick]
-    python benchmarks/bench_step_cost.py [--rounds 3] [--no-baseline]
+    python benchmarks/bench_step_cost.py [--rounds 3] [--no-baseline] [--out-dir DIR]
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script too: benchmarks.* from this tree
 BASELINE_COMMIT = "334a5fe"
 SIZES = (16, 64, 256, 1024)
 STEPS = 300
@@ -72,16 +72,6 @@ print(json.dumps(out))
 """
 
 
-def _baseline_root(commit: str) -> Path | None:
-    """A worktree of ``commit`` (made once); None where git cannot make one."""
-    where = Path(tempfile.gettempdir()) / f"pagedkv-base-{commit}"
-    if (where / "pagedkv_core").is_dir():
-        return where
-    done = subprocess.run(["git", "worktree", "add", "--detach", str(where), commit], cwd=ROOT,
-                          capture_output=True, text=True, check=False)
-    return where if done.returncode == 0 else None
-
-
 def _measure(root: Path, sizes, steps: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([list(sizes), steps, list(WAYS)])], cwd=root,
@@ -94,12 +84,12 @@ def _slope(costs: dict, lo: int, hi: int) -> float:
 
 
 def run(quick: bool = False, rounds: int = ROUNDS, baseline: str | None = BASELINE_COMMIT) -> dict:
-    from benchmarks.bench_replay_speed import cpu_info
+    from benchmarks.bench_replay_speed import baseline_root, cpu_info
 
     sizes, steps = ((16, 64), 30) if quick else (SIZES, STEPS)
     rounds = 1 if quick else rounds
     roots = {"this engine": ROOT}
-    base = _baseline_root(baseline) if baseline else None
+    base = baseline_root(baseline) if baseline else None
     if base is not None:
         roots[f"commit {baseline}"] = base
     load_start = os.getloadavg()[0]
@@ -149,13 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default=BASELINE_COMMIT, help="the older engine's commit")
     p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--out-dir", type=Path, default=None, help="where step-cost.json goes (default benchmarks/results)")
     args = p.parse_args(argv)
     from benchmarks.common import write_result
 
     result = run(quick=args.quick, rounds=args.rounds, baseline=None if args.no_baseline else args.baseline)
     print_result(result)
     cmd = "python benchmarks/bench_step_cost.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"wrote {write_result('step-cost', {'command': cmd.strip(), **result})}")
+    print(f"wrote {write_result('step-cost', {'command': cmd.strip(), 'quick': args.quick, **result}, out_dir=args.out_dir)}")
     return 0
 
 

@@ -28,6 +28,7 @@ marks every column unknown and stale: :meth:`forget`.)
 """
 from __future__ import annotations
 
+from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -37,7 +38,14 @@ _ROWS = 12
 LANE = slice(SLOT, NUM_COMPUTED + 1)  # what a plain decode reads and moves on
 _COUNTERS = slice(OVER, NUM_COMPUTED + 1)  # each one more after a plain decode
 LISTED = slice(NUM_TOKENS, RESERVED + 1)  # what rows() lists, in this order
-_READ = attrgetter("token_ids", "num_computed", "seq_id", "request.index", "sample_index")
+_LISTED_READ = attrgetter("num_tokens", "num_computed", "seq_id", "request.index", "sample_index")
+
+
+def listed_state(seqs: list) -> np.ndarray:
+    """``(5, len(seqs))`` int64: each sequence's tokens, computed tokens, id, request index and
+    sample index (the first five of ``LISTED``), read from the sequences in one pass."""
+    n = len(seqs)
+    return np.fromiter(chain.from_iterable(map(_LISTED_READ, seqs)), np.int64, 5 * n).reshape(n, 5).T
 
 
 class RunningSet:
@@ -139,8 +147,7 @@ class RunningSet:
             seqs = self.seqs
             picked = [seqs[i] for i in stale]
             blocks, reserved, _ = allocator.seq_layout(picked)
-            read = [(len(ids), computed, sid, req, sample) for ids, computed, sid, req, sample in map(_READ, picked)]
-            cols[NUM_TOKENS : NUM_BLOCKS, stale] = np.array(read, dtype=np.int64).T
+            cols[NUM_TOKENS:NUM_BLOCKS, stale] = listed_state(picked)
             cols[NUM_BLOCKS, stale] = blocks
             cols[RESERVED, stale] = reserved if reserved is not None else -1
             cols[STALE, stale] = 0

@@ -279,7 +279,7 @@ class BlockManager:
         if self.changes.active and len(slots):
             self.changes.decoded(slots, tokens)
         if after:
-            return np.where(slots % self.block_size + 2 < self.block_size, slots + 1, -1)
+            return np.where(slots % bs + 2 < bs, slots + 1, -1)
         return None
 
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:

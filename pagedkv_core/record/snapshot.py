@@ -32,6 +32,7 @@ import numpy as np
 
 from ..events import Event
 from ..metrics import StepMetrics
+from ..running import listed_state
 from ..sequence import SequenceStatus
 
 SLOT_ARRAYS = {"slot_state": np.int8, "slot_owner": np.int32, "slot_token": np.int32}
@@ -210,7 +211,6 @@ def _short(value, limit: int = 40) -> str:
 _ROW = attrgetter("seq_id", "request.index", "sample_index", "status", "num_computed")
 _TOKENS = attrgetter("token_ids")
 _STATUS = attrgetter("status")
-_LISTED_ROW = attrgetter("num_tokens", "num_computed", "seq_id", "request.index", "sample_index")  # RunningSet.rows' order
 _RUNNING = int(SequenceStatus.RUNNING)
 
 
@@ -232,7 +232,7 @@ def seq_arrays(allocator, scheduler, tables: bool = True) -> dict:
     if m:
         q_blocks, q_reserved, _ = allocator.seq_layout(queued)
         q = np.empty((7, m), dtype=np.int64)
-        q[:5] = np.fromiter(chain.from_iterable(map(_LISTED_ROW, queued)), np.int64, 5 * m).reshape(m, 5).T
+        q[:5] = listed_state(queued)
         q[5] = q_blocks
         q[6] = q_reserved if q_reserved is not None else -1
         rows = np.concatenate([rows, q], axis=1).astype(np.int32)

@@ -24,3 +24,32 @@ def test_a_case_reports_its_own_peak_not_the_benchmarks():
 def test_a_failing_case_keeps_its_exit_code_and_its_error():
     run = measured([sys.executable, "-c", "import sys; sys.stderr.write('bad input\\n'); sys.exit(2)"])
     assert run.returncode == 2 and run.err == "bad input\n" and run.out == ""
+
+
+def test_every_azure_row_runs_paged_only_and_is_judged_on_the_issues_targets(monkeypatch):
+    """``azure-conv-all`` runs all 19,366 rows at a 16,384-token context, paged only (Orca (Max) would
+    reserve the whole context a request), without the older engine (it runs the default context's
+    first 5,000), and its figures are judged like the default context's."""
+    import benchmarks.bench_replay_speed as rs
+
+    asked = []
+
+    def fake_case(root, log, allocator, count, quick):
+        asked.append((log, allocator, count, root == rs.ROOT))
+        return {"log": log, "allocator": allocator, "count": count, "requests": 19_366 if log == "azure-conv-all" else 16_528,
+                "wall_s": 40.0, "cpu_s": 70.0, "peak_rss_sum_mb": 120.0, "trace_mb": 172.0, "busy_steps_per_cpu_s": 900.0}
+
+    monkeypatch.setattr(rs, "case", fake_case)
+    monkeypatch.setattr(rs, "baseline_root", lambda commit=rs.BASELINE_COMMIT: rs.ROOT.parent / "elsewhere")
+    result = rs.run(logs=("azure-conv", "azure-conv-all"))
+    assert asked == [("azure-conv", "paged", None, True), ("azure-conv", "orca-max", None, True),
+                     ("azure-conv", "paged", 5000, True), ("azure-conv", "paged", 5000, False),
+                     ("azure-conv", "orca-max", 5000, True), ("azure-conv", "orca-max", 5000, False),
+                     ("azure-conv-all", "paged", None, True)]
+    assert rs.LOGS["azure-conv-all"][1] == ["--max-context", "16384"]
+    names = [t["name"] for t in result["targets"]]
+    assert len(names) == 15  # five targets each: Azure paged and Orca (Max) at the default context, every row paged
+    every_row = [t for t in result["targets"] if "all 19,366 rows (16,384-token context)" in t["name"]]
+    assert len(every_row) == 5 and all(t["name"].count("paged") == 1 for t in every_row)
+    trace = next(t for t in every_row if t["name"].endswith("trace (MB)"))
+    assert trace["value"] == 172.0 and trace["pass"] is False

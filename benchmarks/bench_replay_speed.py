@@ -30,8 +30,9 @@ do not; each row keeps the 1-minute load average at its start and end.
 
 ``--baseline`` (default: commit 9fbef5e, the last before streaming and idle skipping, checked
 out with ``git worktree add``) runs the same cases with that commit's engine in the same
-session (the Azure log at the CLI's default context, and the Mooncake log). It refuses a log of more than 5,000 requests, so there it runs the first 5,000
-(``--trace-count 5000``), and this engine runs those same 5,000 too, for a like-for-like row.
+session (the Azure log at the CLI's default context, and the Mooncake log). It refuses a log of
+more than 5,000 requests, so there it runs the first 5,000 (``--trace-count 5000``), and this
+engine runs those same 5,000 too, for a like-for-like row.
 
     python -m benchmarks replay-speed [--quick]
     python benchmarks/bench_replay_speed.py [--workers N] [--logs azure-conv,azure-conv-all,mooncake-conv] [--no-baseline]

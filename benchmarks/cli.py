@@ -45,8 +45,9 @@ BENCHMARKS = {
     "live": "the real-model Reserve-or-page pair in Chromium: Play to first frame, steps/s with 1 and 3 sessions",
     "prefix-capacity": "Mooncake's conversation trace: prefix-cache hit rate against pool size, LRU and Belady, "
                        "beside the ideal replay and the paper's Figure 9",
-    "replay-speed": "whole request logs (Azure conv, also every row of it at a 16,384-token context; Mooncake conv) at 262,144 slots with --trace-out: wall time, "
-                    "peak RSS, trace size, steps/s while sequences run; beside commit 9fbef5e's engine",
+    "replay-speed": "whole request logs (Azure conv, also every row of it at a 16,384-token context; Mooncake conv) "
+                    "at 262,144 slots with --trace-out: wall time, peak RSS, trace size, steps/s while sequences run; "
+                    "beside commit 9fbef5e's engine",
     "step-cost": "an engine step's CPU time with 16 to 1,024 sequences decoding, no recording and recorded; "
                  "the cost each running sequence adds, beside commit 334a5fe's engine",
     "gpu": "CUDA: benchmarks/gpu_kernels.py and benchmarks/gpu_engine.py (skipped without a GPU)",

@@ -130,4 +130,4 @@ if __name__ == "__main__":
 
     res = run("--quick" in sys.argv)
     print_result(res)
-    print("wrote", write_result("allocation", {"command": "python benchmarks/bench_allocation.py", **res}))
+    print("wrote", write_result("allocation", {"command": "python benchmarks/bench_allocation.py", "quick": "--quick" in sys.argv, **res}))

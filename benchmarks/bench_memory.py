@@ -116,4 +116,4 @@ if __name__ == "__main__":
 
     res = run("--quick" in sys.argv)
     print_result(res)
-    print("wrote", write_result("memory", {"command": "python benchmarks/bench_memory.py", **res}))
+    print("wrote", write_result("memory", {"command": "python benchmarks/bench_memory.py", "quick": "--quick" in sys.argv, **res}))

@@ -211,4 +211,4 @@ if __name__ == "__main__":
 
     res = run("--quick" in sys.argv)
     print_result(res)
-    print("wrote", write_result("overhead", {"command": "python benchmarks/bench_overhead.py", **res}))
+    print("wrote", write_result("overhead", {"command": "python benchmarks/bench_overhead.py", "quick": "--quick" in sys.argv, **res}))

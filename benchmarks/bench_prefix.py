@@ -154,4 +154,4 @@ if __name__ == "__main__":
 
     res = run("--quick" in sys.argv)
     print_result(res)
-    print("wrote", write_result("prefix", {"command": "python benchmarks/bench_prefix.py", **res}))
+    print("wrote", write_result("prefix", {"command": "python benchmarks/bench_prefix.py", "quick": "--quick" in sys.argv, **res}))

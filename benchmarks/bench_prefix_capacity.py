@@ -231,4 +231,4 @@ if __name__ == "__main__":
 
     res = run("--quick" in sys.argv)
     print_result(res)
-    print("wrote", write_result("prefix-capacity", {"command": "python benchmarks/bench_prefix_capacity.py", **res}))
+    print("wrote", write_result("prefix-capacity", {"command": "python benchmarks/bench_prefix_capacity.py", "quick": "--quick" in sys.argv, **res}))

@@ -333,4 +333,4 @@ if __name__ == "__main__":
               partial=ROOT / "benchmarks" / "results" / "replay-speed.partial.json")
     print_result(res)
     command = " ".join(["python benchmarks/bench_replay_speed.py", *sys.argv[1:]])
-    print("wrote", write_result("replay-speed", {"command": command, **res}))
+    print("wrote", write_result("replay-speed", {"command": command, "quick": args.quick, **res}))

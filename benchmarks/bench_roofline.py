@@ -269,4 +269,4 @@ if __name__ == "__main__":
 
     res = run("--quick" in sys.argv)
     print_result(res)
-    print("wrote", write_result("roofline", {"command": "python benchmarks/bench_roofline.py", **res}))
+    print("wrote", write_result("roofline", {"command": "python benchmarks/bench_roofline.py", "quick": "--quick" in sys.argv, **res}))

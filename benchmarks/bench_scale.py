@@ -174,4 +174,4 @@ if __name__ == "__main__":
 
         res = run("--quick" in sys.argv)
         print_result(res)
-        print("wrote", write_result("scale", {"command": "python -m benchmarks scale", **res}))
+        print("wrote", write_result("scale", {"command": "python -m benchmarks scale", "quick": "--quick" in sys.argv, **res}))

@@ -503,4 +503,4 @@ if __name__ == "__main__":
         sys.exit(0)
     res = run("--quick" in sys.argv)
     print_result(res)
-    print("wrote", write_result("throughput", {"command": "python benchmarks/bench_throughput.py", **res}))
+    print("wrote", write_result("throughput", {"command": "python benchmarks/bench_throughput.py", "quick": "--quick" in sys.argv, **res}))

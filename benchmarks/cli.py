@@ -8,7 +8,8 @@
 imports this folder). Each benchmark writes ``benchmarks/results/NAME.json`` (or ``--out-dir``)
 with the command, the date, the machine and its targets (pass/miss), and prints a table; at the
 end ``README_TABLE.md`` is rebuilt from the latest results (next to the results directory for
-the default one, inside ``--out-dir`` otherwise). Real-model benchmarks run on the CPU on one
+the default one, inside ``--out-dir`` otherwise). A ``--quick`` run without ``--out-dir`` writes
+to ``benchmarks/results/quick/``, so that a smoke run never replaces a published figure. Real-model benchmarks run on the CPU on one
 torch thread. A missed target is reported, not an error: the exit status is 0 unless a
 benchmark crashed (1). Unknown names exit with code 2 and one line.
 
@@ -66,7 +67,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round: checks that it runs (figures not meaningful)")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, metavar="N",
                    help=f"interleaved rounds for {', '.join(MODEL_BENCHMARKS)} (default {DEFAULT_ROUNDS})")
-    p.add_argument("--out-dir", metavar="DIR", help="where NAME.json files go (default benchmarks/results)")
+    p.add_argument("--out-dir", metavar="DIR",
+                   help="where NAME.json files go (default benchmarks/results; with --quick, benchmarks/results/quick)")
     # The command a launcher was called as (python -m pagedkv_core bench): messages and result
     # files name it, so that what they say can be typed again.
     p.add_argument("--prog", default=prog, help=argparse.SUPPRESS)
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from benchmarks import report
-    from benchmarks.common import RESULTS, write_result
+    from benchmarks.common import QUICK_RESULTS, RESULTS, write_result
 
     names = list(dict.fromkeys(args.names)) or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown benchmark {unknown[0]!r}: use one of {', '.join(BENCHMARKS)}")
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
-    out_dir = Path(args.out_dir) if args.out_dir else RESULTS
+    out_dir = Path(args.out_dir) if args.out_dir else QUICK_RESULTS if args.quick else RESULTS
     command = args.prog + ("" if not args.names else " " + " ".join(args.names))
     command += " --quick" * args.quick + (f" --rounds {args.rounds}" if args.rounds != DEFAULT_ROUNDS else "")
     command += f" --out-dir {args.out_dir}" if args.out_dir else ""

@@ -13,6 +13,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# Where a --quick run writes when given no --out-dir: its figures are not meaningful, so it never
+# replaces a published result (nor the README table built from them). Not kept in git.
+QUICK_RESULTS = RESULTS / "quick"
 
 from pagedkv_core.workloads.prompts import CHAT_PROMPTS  # noqa: E402  (the same 16 questions everywhere)
 
@@ -113,8 +116,11 @@ def machine() -> dict:
 
 
 def write_result(name: str, payload: dict, out_dir: Path | None = None) -> Path:
-    """Write ``out_dir/NAME.json`` (default ``benchmarks/results``) with the date and machine."""
-    out_dir = Path(out_dir) if out_dir is not None else RESULTS
+    """Write ``out_dir/NAME.json`` with the date and machine. Default: ``benchmarks/results``, or
+    :data:`QUICK_RESULTS` for a ``payload`` of a quick run (``"quick": True``)."""
+    if out_dir is None:
+        out_dir = QUICK_RESULTS if payload.get("quick") else RESULTS
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "machine": machine(), **payload}

@@ -2,8 +2,8 @@
 written and well-formed; bad input exits 2; the flags and exit codes pass through.
 
 No timing assertions here: speed targets live in the benchmarks (``benchmarks/results``), never
-in timed tests. ``--quick`` runs tiny sizes into a temporary ``--out-dir`` so that the published
-results are never overwritten.
+in timed tests. ``--quick`` runs tiny sizes into a temporary ``--out-dir``; without one it writes to
+``benchmarks/results/quick/``: the published results are never overwritten.
 """
 from __future__ import annotations
 
@@ -129,6 +129,34 @@ def test_benchmarks_run_as_their_own_module(tmp_path):
     assert data["command"] == f"python -m benchmarks allocation --quick --out-dir {tmp_path}"
     bad = subprocess.run([sys.executable, "-m", "benchmarks", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown benchmark 'nope'")
+
+
+def test_a_quick_run_without_out_dir_never_replaces_a_published_result():
+    """`bench NAME --quick` (the README's smoke run) writes to benchmarks/results/quick/, and the
+    published NAME.json and README table stay as they were."""
+    results, quick = ROOT / "benchmarks" / "results", ROOT / "benchmarks" / "results" / "quick"
+    published = {p: p.read_bytes() for p in (results / "allocation.json", ROOT / "benchmarks" / "README_TABLE.md")}
+    had = (quick / "allocation.json").exists()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks", "allocation", "--quick"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads((quick / "allocation.json").read_text())["quick"] is True
+        assert (quick / "README_TABLE.md").exists()
+        assert all(p.read_bytes() == before for p, before in published.items())
+    finally:
+        if not had:
+            (quick / "allocation.json").unlink(missing_ok=True)
+
+
+def test_write_result_keeps_a_quick_payload_apart(monkeypatch, tmp_path):
+    import benchmarks.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(common, "QUICK_RESULTS", tmp_path / "results" / "quick")
+    assert common.write_result("x", {"quick": True}) == tmp_path / "results" / "quick" / "x.json"
+    assert common.write_result("x", {"quick": False}) == tmp_path / "results" / "x.json"
+    assert common.write_result("x", {"quick": True}, out_dir=tmp_path / "mine") == tmp_path / "mine" / "x.json"
 
 
 def test_the_library_never_imports_the_benchmarks():

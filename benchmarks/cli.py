@@ -9,9 +9,10 @@ imports this folder). Each benchmark writes ``benchmarks/results/NAME.json`` (or
 with the command, the date, the machine and its targets (pass/miss), and prints a table; at the
 end ``README_TABLE.md`` is rebuilt from the latest results (next to the results directory for
 the default one, inside ``--out-dir`` otherwise). A ``--quick`` run without ``--out-dir`` writes
-to ``benchmarks/results/quick/``, so that a smoke run never replaces a published figure. Real-model benchmarks run on the CPU on one
-torch thread. A missed target is reported, not an error: the exit status is 0 unless a
-benchmark crashed (1). Unknown names exit with code 2 and one line.
+to ``benchmarks/results/quick/``, so that a smoke run never replaces a published figure.
+Real-model benchmarks run on the CPU on one torch thread. A missed target is reported, not an
+error: the exit status is 0 unless a benchmark crashed (1). Unknown names exit with code 2 and
+one line.
 
 Adding a benchmark: a module ``bench_NAME.py`` (a ``-`` in NAME is a ``_`` there) with
 ``run(quick=...) -> dict`` and ``print_result(result)``, and one line in :data:`BENCHMARKS`.

@@ -8,6 +8,7 @@ in timed tests. ``--quick`` runs tiny sizes into a temporary ``--out-dir``; with
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,7 +137,7 @@ def test_a_quick_run_without_out_dir_never_replaces_a_published_result():
     published NAME.json and README table stay as they were."""
     results, quick = ROOT / "benchmarks" / "results", ROOT / "benchmarks" / "results" / "quick"
     published = {p: p.read_bytes() for p in (results / "allocation.json", ROOT / "benchmarks" / "README_TABLE.md")}
-    had = (quick / "allocation.json").exists()
+    had, had_dir = (quick / "allocation.json").exists(), quick.exists()
     try:
         proc = subprocess.run([sys.executable, "-m", "benchmarks", "allocation", "--quick"], cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
@@ -144,8 +145,10 @@ def test_a_quick_run_without_out_dir_never_replaces_a_published_result():
         assert json.loads((quick / "allocation.json").read_text())["quick"] is True
         assert (quick / "README_TABLE.md").exists()
         assert all(p.read_bytes() == before for p, before in published.items())
-    finally:
-        if not had:
+    finally:  # leave the tree as it was: the folder the run made, or the file it added
+        if not had_dir:
+            shutil.rmtree(quick, ignore_errors=True)
+        elif not had:
             (quick / "allocation.json").unlink(missing_ok=True)
 
 

@@ -215,8 +215,9 @@ def _log_rows(args) -> list:
 
 
 def _check_context(model, items, params) -> None:
-    """An answer longer than the model's context is refused before the model loads, where its
-    ``config.json`` can be read (before a GGUF's first conversion, LLM refuses it once loaded)."""
+    """An answer longer than the model's context is refused before the model loads: its context
+    is read from its ``config.json``, or from a GGUF's header before its first conversion (where
+    neither can be read, LLM refuses it once loaded)."""
     shape = model_kv_shape(model)
     context = shape.max_position_embeddings if shape is not None else None
     if context:

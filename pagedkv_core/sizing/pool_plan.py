@@ -170,22 +170,29 @@ def dtype_name_of(dtype, device_type: str) -> str:
 
 
 def model_kv_shape(model) -> KVShape | None:
-    """The KV shape of ``model`` (None: the bundled model, or a path) from its ``config.json``,
-    read without loading any weights: a model directory's own, a GGUF file's once the first
-    load has converted it. None when there is none to read yet. Raises ModelLoadError for a
-    path that does not exist or is not a model."""
+    """The KV shape of ``model`` (None: the bundled model, or a path), read without loading any
+    weights: from a model directory's ``config.json``; from a GGUF file's converted
+    ``config.json`` once the first load has made it, and before that from the GGUF's own
+    metadata header (:mod:`~pagedkv_core.sources.model.gguf_header`), so that a fresh
+    machine's first run is checked as fast as every later one. None when neither can be read
+    (the loader then reports why). Raises ModelLoadError for a path that does not exist or is
+    not a model."""
+    from ..sources.model.gguf_header import read_gguf_config
     from ..sources.model.loader import gguf_cache_dir, resolve_source  # no torch, no transformers
 
     source = resolve_source(model)
     path = (gguf_cache_dir(source) if source.is_file() else source) / "config.json"
-    if not path.is_file():
-        return None
     try:
-        data = loads_json(read_text_capped(path, MAX_CONFIG_BYTES, "model config"), f"model config {str(path)!r}")
+        if path.is_file():
+            data = loads_json(read_text_capped(path, MAX_CONFIG_BYTES, "model config"), f"model config {str(path)!r}")
+        elif source.is_file():
+            data = read_gguf_config(source)
+        else:
+            return None
         shape = KVShape.from_config(SimpleNamespace(**data), name=Path(source).name)
         if shape.bytes_per_token() > 0:
             return shape
-    except (ConfigError, AttributeError, TypeError, ValueError, ZeroDivisionError):
+    except (ConfigError, AttributeError, TypeError, ValueError, ZeroDivisionError, OSError):
         pass  # not a config we can read: the loader reports it properly
     return None
 

@@ -57,9 +57,10 @@ def test_an_unconverted_gguf_has_its_shape_before_any_conversion(tmp_path, monke
     assert not cache.exists()  # read, not converted
 
 
-def test_arrays_are_skipped_and_every_value_type_is_read(tmp_path):
+def test_arrays_and_long_strings_are_skipped_and_every_value_type_is_read(tmp_path):
     path = tmp_path / "m.gguf"
     path.write_bytes(gguf(ARCH, VOCAB, SCORES, entry("general.name", STRING, s("tiny")),
+                          entry("general.license", STRING, s("x" * 70_000)),
                           entry("general.file_type", I32, struct.pack("<i", 3)), *SHAPE))
     assert read_gguf_config(path) == WANT
 
@@ -83,8 +84,12 @@ def test_a_key_length_is_the_head_size_and_the_reading_stops_once_all_is_found(t
     (gguf(entry("x", ARRAY, struct.pack("<IQ", ARRAY, 1))), "GGUF array of value type 9"),
     (gguf(*SHAPE), "names no general.architecture"),
     (gguf(ARCH, *SHAPE[1:]), "lacks llama.block_count"),
+    (gguf(ARCH, entry("llama.block_count", F32, struct.pack("<f", 2.0)), *SHAPE[1:]),
+     "llama.block_count is 2.0, not a positive integer"),
+    (gguf(ARCH, entry("llama.block_count", U32, struct.pack("<I", 0)), *SHAPE[1:]),
+     "llama.block_count is 0, not a positive integer"),
 ], ids=["magic", "version", "entries", "truncated", "key-length", "value-type", "array-length", "nested-array",
-        "no-architecture", "no-layers"])
+        "no-architecture", "no-layers", "float-layers", "zero-layers"])
 def test_a_damaged_header_is_one_line(tmp_path, data, message):
     path = tmp_path / "bad.gguf"
     path.write_bytes(data)

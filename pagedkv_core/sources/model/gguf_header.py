@@ -10,10 +10,11 @@ kilobytes, as ``{architecture}.*`` metadata keys. :func:`read_gguf_config` reads
 Layout (GGUF versions 2 and 3, little-endian): ``b"GGUF"``, the version (uint32), the tensor
 count and the metadata count (uint64 each), then each metadata entry: its key (uint64 length,
 UTF-8 bytes), its value type (uint32) and its value. A string is a uint64 length and its bytes;
-an array is its element type (uint32), its length (uint64) and its elements. The reading stops
-once every key it wants has been seen (the tokenizer's 49,152-entry vocabulary comes after them
-in the bundled file, and is then never read). Every length is checked against the file's size,
-so a damaged file raises ValueError (one line) instead of reading far or allocating much.
+an array is its element type (uint32), its length (uint64) and its elements. Arrays and long
+strings (the tokenizer's vocabulary, its merges) are skipped, not read; the reading stops once
+every key it wants has been seen, else at the end of the metadata (the bundled file has no
+``key_length``: its header is walked whole, in about 0.1 s). Every length is checked against the
+file's size, so a damaged file raises ValueError (one line) instead of reading far or allocating much.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from pathlib import Path
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
-MAX_ENTRIES = 1 << 20  # metadata entries: far above any real file (the bundled one has 37)
+MAX_ENTRIES = 1 << 20  # metadata entries: far above any real file (the bundled one has 33)
 MAX_KEY_BYTES = 1 << 16
+MAX_STRING_BYTES = 1 << 16  # a longer string value is skipped: none read here is that long
 # value type -> struct format of one fixed-size value (8: string and 9: array are read apart)
 _FIXED = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
@@ -37,6 +39,7 @@ _KEYS = {
     "max_position_embeddings": "context_length",
     "head_dim": "attention.key_length",
 }
+_WANTED = frozenset(_KEYS.values())
 _REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size")
 
 
@@ -57,18 +60,23 @@ class _Reader:
     def unpack(self, fmt: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
-    def string(self, limit: int | None = None) -> bytes:
+    def key(self) -> str:
         n = self.unpack("<Q")
-        if limit is not None and n > limit:
-            raise ValueError(f"GGUF key of {n:,} bytes, over {limit:,}")
-        return self.take(n)
+        if n > MAX_KEY_BYTES:
+            raise ValueError(f"GGUF key of {n:,} bytes, over {MAX_KEY_BYTES:,}")
+        return self.take(n).decode("utf-8", "replace")
 
     def value(self, kind: int):
-        """The value of type ``kind``; an array is skipped (None): no key read here is one."""
+        """The value of type ``kind``; an array or a string over :data:`MAX_STRING_BYTES` is
+        skipped (None): no key read here is one."""
         if kind in _FIXED:
             return self.unpack(_FIXED[kind])
         if kind == _STRING:
-            return self.string().decode("utf-8", "replace")
+            n = self.unpack("<Q")
+            if n > MAX_STRING_BYTES:
+                self.skip(n)
+                return None
+            return self.take(n).decode("utf-8", "replace")
         if kind == _ARRAY:
             item, count = self.unpack("<I"), self.unpack("<Q")
             if item in _FIXED:
@@ -103,9 +111,9 @@ def read_gguf_config(path: str | os.PathLike) -> dict:
         found: dict[str, object] = {}
         arch = None
         for _ in range(entries):
-            key = r.string(MAX_KEY_BYTES).decode("utf-8", "replace")
+            key = r.key()
             value = r.value(r.unpack("<I"))
-            if value is not None:
+            if value is not None and (key == "general.architecture" or key.partition(".")[2] in _WANTED):
                 found[key] = value
             if key == "general.architecture":
                 arch = value
@@ -115,8 +123,12 @@ def read_gguf_config(path: str | os.PathLike) -> dict:
         raise ValueError(f"{path.name}: its GGUF header names no general.architecture")
     config = {"model_type": arch}
     for name, key in _KEYS.items():
-        if f"{arch}.{key}" in found:
-            config[name] = found[f"{arch}.{key}"]
+        value = found.get(f"{arch}.{key}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{path.name}: its GGUF header's {arch}.{key} is {value!r}, not a positive integer")
+        config[name] = value
     missing = [f"{arch}.{_KEYS[k]}" for k in _REQUIRED if k not in config]
     if missing:
         raise ValueError(f"{path.name}: its GGUF header lacks {', '.join(missing)}")

@@ -36,6 +36,21 @@ def test_json_summary_has_every_field(capsys):
     assert s["tokens_generated"] > 0 and s["steps"] > 0
 
 
+def test_log_rows_longer_than_the_context_are_reported_left_out(capsys):
+    """A request log's rows that do not fit the context are never submitted: the summary says how
+    many and why, beside the rejections (the JSON's ``left_out``, the text's last line). The first
+    200 requests of the Azure log come from its first 215 rows: 15 have a prompt and an answer of
+    more than 2,048 tokens together."""
+    log = ["--workload-file", str(ROOT / "pagedkv_core" / "data" / "azure_conv_2023.csv"), "--trace-count", "200"]
+    s = simulate_json(capsys, *log)
+    assert s["left_out"] == {"rows": 15, "reason": "prompt + answer longer than the 2,048-token context"}
+    assert s["requests"] == 200 and s["rejected"] == []
+    assert "left_out" not in simulate_json(capsys, *log, "--max-context", "16384")
+    assert main(["simulate", *log]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "left out: 15 rows of the log, prompt + answer longer than the 2,048-token context")
+
+
 def test_flags_reach_the_engine(capsys):
     s = simulate_json(
         capsys, "--workload", "burst", "--allocator", "paged", "--pool-slots", "1024", "--block-size", "8",

@@ -31,6 +31,7 @@ from pagedkv_core.workloads.hashed_log import (
     hashed_log_options,
     hashed_log_workload,
     read_hashed_log,
+    stream_hashed_log,
     token_run,
 )
 from pagedkv_core.kv.prefix_hash import extend_block_hashes
@@ -166,6 +167,9 @@ def test_options_match_the_csv_logs(tmp_path):
     assert [(r.output_len, r.max_tokens) for r in w.requests] == [(1, 2), (2, 2), (2, 2), (1, 2)]  # 8 x 1/4 = 2
     w = load_workload_file(path, max_context=2048)  # context mode: the 3,100-token request is left out
     assert [r.id for r in w.requests] == ["r1", "r4", "r5"] and "1 left out" in w.description
+    assert w.left_out.to_json() == {"rows": 1, "reason": "prompt + answer longer than the 2,048-token context"}
+    assert stream_hashed_log(path, max_context=2048).left_out == w.left_out  # streamed, the same
+    assert load_workload_file(path).left_out is None
     assert load_workload_file(path).pool_slots == 65_536
 
 

@@ -139,6 +139,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out["token_share"] = breakdown["token_share"]
     out["workload"] = workload.name
     out["seed"] = args.seed
+    if workload.left_out is not None:  # log rows never submitted: reported beside the rejections
+        out["left_out"] = workload.left_out.to_json()
     if sink is not None:
         out["kv_events"] = sink.summary()
     if args.json:
@@ -186,4 +188,5 @@ def format_summary(s: dict) -> str:
         ("memory (paper's Figure 2)", ", ".join(f"{k} {v:.1%}" for k, v in s["waste_breakdown"].items())
          + f"; token share {s['token_share']:.1%}"),
     ])
-    return "\n".join([table] + [f"rejected {r['id']}: {r['reason']}" for r in s["rejected"]])
+    left_out = [f"left out: {s['left_out']['rows']:,} rows of the log, {s['left_out']['reason']}"] if "left_out" in s else []
+    return "\n".join([table] + [f"rejected {r['id']}: {r['reason']}" for r in s["rejected"]] + left_out)

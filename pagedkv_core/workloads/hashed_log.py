@@ -51,6 +51,7 @@ from .scenarios import (
     LogStream,
     Workload,
     WorkloadRequest,
+    left_out_of,
     _check_total_tokens,
     _open_bytes,
     _open_log,
@@ -264,7 +265,8 @@ def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOp
         description = _log_description(file_name, opt, len(kept), kept[0][0].line, w.last, w.left_out, w.context,
                                          w.cap)
         description = description.replace(" rows ", " lines ", 1) + f"; hash blocks of {block} tokens"
-    return Workload(name or file_name, description, tuple(reqs), opt.pool_slots, hash_block=block)
+    return Workload(name or file_name, description, tuple(reqs), opt.pool_slots, hash_block=block,
+                    left_out=left_out_of(w.left_out, w.context))
 
 
 # ---------------------------------------------------------------------------- streamed
@@ -302,4 +304,5 @@ def stream_hashed_log(path, seed: int = 0, **options) -> LogStream | None:
     if stream is None:
         return None
     description = stream.description.replace(" rows ", " lines ", 1) + f"; hash blocks of {block} tokens"
-    return LogStream(stream.name, description, stream.num_requests, stream.pool_slots, block, stream.requests)
+    return LogStream(stream.name, description, stream.num_requests, stream.pool_slots, block, stream.requests,
+                     stream.left_out)

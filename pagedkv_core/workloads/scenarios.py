@@ -117,12 +117,35 @@ class WorkloadRequest:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """The rows of a request log that a workload leaves out, and why: with ``max_tokens``
+    "context", a row whose prompt and answer together are longer than the model's context is one
+    a server with that context could not serve as logged. They are never submitted; the run's
+    summary reports them (``simulate``'s ``left_out``) beside the requests it rejected."""
+
+    rows: int
+    context: int
+
+    @property
+    def reason(self) -> str:
+        return f"prompt + answer longer than the {self.context:,}-token context"
+
+    def to_json(self) -> dict:
+        return {"rows": self.rows, "reason": self.reason}
+
+
+def left_out_of(rows: int, context: int) -> LeftOut | None:
+    return LeftOut(rows, context) if rows else None
+
+
+@dataclass(frozen=True)
 class Workload:
     name: str
     description: str
     requests: tuple[WorkloadRequest, ...]
     pool_slots: int = 2048  # suggested pool size
     hash_block: int | None = None  # a hashed log's tokens per hash block: a paged block size must divide it
+    left_out: LeftOut | None = None  # a request log's rows longer than the context, never submitted
 
     def block_size_problem(self, config) -> str | None:
         """Why ``config`` (an EngineConfig) cannot run this workload with its sharing exact:
@@ -164,6 +187,7 @@ class LogStream:
     pool_slots: int
     hash_block: int | None
     _requests: object  # () -> Iterator[WorkloadRequest]
+    left_out: LeftOut | None = None  # rows longer than the context, never submitted
 
     def block_size_problem(self, config) -> str | None:
         return _block_size_problem(self.hash_block, config)
@@ -759,7 +783,7 @@ def stream_log(open_rows, file_name: str, opt: LogOptions, *, where: str, prompt
                 return
 
     description = _log_description(file_name, opt, n, first, last, left_out, context, cap)
-    return LogStream(file_name, description, n, opt.pool_slots, hash_block, requests)
+    return LogStream(file_name, description, n, opt.pool_slots, hash_block, requests, left_out_of(left_out, context))
 
 
 def _csv_request(seed: int):
@@ -804,7 +828,8 @@ def _log_from_rows(rows: Iterable[LogRow], file_name: str, seed: int, opt: LogOp
     reqs = [make(r, prompt, answer, max_tokens, step) for (r, prompt, answer, max_tokens), step in zip(kept, steps)]
     if description is None:
         description = _log_description(file_name, opt, len(kept), kept[0][0].row, w.last, w.left_out, w.context, w.cap)
-    return Workload(name or file_name, description, tuple(reqs), opt.pool_slots)
+    return Workload(name or file_name, description, tuple(reqs), opt.pool_slots,
+                    left_out=left_out_of(w.left_out, w.context))
 
 
 def _row_problem(prompt: int, answer: int) -> str | None:
@@ -850,7 +875,8 @@ AZURE_CONV_SMALL_OPTIONS = dict(count=200, max_tokens="context", max_context=DEF
 def _azure_scenario(name: str, title: str, options: dict, seed: int) -> Workload:
     opt = LogOptions(**options)
     w = _log_from_rows(_shipped_rows(opt.start), AZURE_CONV_LOG.name, seed, opt)
-    return Workload(name, f"{title}: {w.description}. Data: {AZURE_SOURCE}", w.requests, w.pool_slots)
+    return Workload(name, f"{title}: {w.description}. Data: {AZURE_SOURCE}", w.requests, w.pool_slots,
+                    left_out=w.left_out)
 
 
 def azure_conv(seed: int = 0) -> Workload:

@@ -368,3 +368,21 @@ def test_a_fresh_machines_first_run_is_refused_before_the_model_converts(files, 
     proc, elapsed = run_cli([*GEN, "--device", "cpu", "--threads", "1", *args], files, env)
     check_one_line_error(proc, elapsed, fragment)
     assert not cache.exists() or not any(cache.iterdir()), sorted(p.name for p in cache.iterdir())
+
+
+# `python -m pagedkv_core` with the model's shape unknown before loading (as for a model whose
+# config cannot be read up front): the checks before the load pass, and the pool is refused once
+# the model has loaded.
+UNKNOWN_SHAPE = ("import sys; from pagedkv_core.cli import generate, main; from pagedkv_core.sizing import pool_plan; "
+                 "pool_plan.model_kv_shape = generate.model_kv_shape = lambda model: None; sys.exit(main())")
+
+
+@pytest.mark.slow
+def test_a_pool_refused_after_the_model_loaded_is_still_one_line(files):
+    """The model cache is the suite's (converted already): the model loads, then its pool is refused
+    before it is allocated, in one line, with nothing on stdout."""
+    argv = [*GEN, "--device", "cpu", "--threads", "1", "--pool-slots", str(MAX_POOL_SLOTS)]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", UNKNOWN_SHAPE, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PAGEDKV_MEMORY_BUDGET": "8GiB"}, stdin=subprocess.DEVNULL)
+    check_one_line_error(proc, time.perf_counter() - t0, "the KV pool (1,048,576 slots")

@@ -379,8 +379,9 @@ UNKNOWN_SHAPE = ("import sys; from pagedkv_core.cli import generate, main; from 
 
 @pytest.mark.slow
 def test_a_pool_refused_after_the_model_loaded_is_still_one_line(files):
-    """The model cache is the suite's (converted already): the model loads, then its pool is refused
-    before it is allocated, in one line, with nothing on stdout."""
+    """The model cache is the suite's (converted by whichever test needs it first, under its lock):
+    the model loads, then its pool is refused before it is allocated, in one line, with nothing on
+    stdout."""
     argv = [*GEN, "--device", "cpu", "--threads", "1", "--pool-slots", str(MAX_POOL_SLOTS)]
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", UNKNOWN_SHAPE, *argv], cwd=ROOT, capture_output=True, text=True,

@@ -28,8 +28,8 @@ MAX_TOKENS = 32
 # them 8 tokens long), the fourth parts at token 17, on an exact tie in transformers' logits.
 # On 16 more chat prompts x 64 tokens the first divergence was at 0 (a 0.125 tie), 2, 4, 7, 10,
 # 12, 13, 17, 32, 38, 58, 61 or never (6 prompts). Other CPUs round differently: under an emulated
-# AVX2-only CPU (README: the test section; docs/test-history.md) "Why is the sky blue?" parts at token 1, on a 0.125 tie. So every
-# parting must be at a near tie, and at least half of the answers agree for 8 tokens.
+# AVX2-only CPU (docs/test-history.md) "Why is the sky blue?" parts at token 1, on a 0.125 tie. So
+# every parting must be at a near tie, and at least half of the answers agree for 8 tokens.
 MIN_AGREED_TOKENS = 8
 # Where the answers part, transformers' logit of our token is at most this far below its top-1
 # (bf16 logits of SmolLM2 are ~10-30, where one bf16 rounding step is 0.0625-0.125).

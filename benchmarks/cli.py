@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from benchmarks import report
-    from benchmarks.common import QUICK_RESULTS, RESULTS, write_result
+    from benchmarks.common import RESULTS, results_dir, write_result
 
     names = list(dict.fromkeys(args.names)) or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown benchmark {unknown[0]!r}: use one of {', '.join(BENCHMARKS)}")
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
-    out_dir = Path(args.out_dir) if args.out_dir else QUICK_RESULTS if args.quick else RESULTS
+    out_dir = Path(args.out_dir) if args.out_dir else results_dir(args.quick)
     command = args.prog + ("" if not args.names else " " + " ".join(args.names))
     command += " --quick" * args.quick + (f" --rounds {args.rounds}" if args.rounds != DEFAULT_ROUNDS else "")
     command += f" --out-dir {args.out_dir}" if args.out_dir else ""

@@ -17,6 +17,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # replaces a published result (nor the README table built from them). Not kept in git.
 QUICK_RESULTS = RESULTS / "quick"
 
+
+def results_dir(quick: bool) -> Path:
+    """Where a run writes when given no ``--out-dir``: :data:`QUICK_RESULTS` for a quick one."""
+    return QUICK_RESULTS if quick else RESULTS
+
 from pagedkv_core.workloads.prompts import CHAT_PROMPTS  # noqa: E402  (the same 16 questions everywhere)
 
 
@@ -118,9 +123,7 @@ def machine() -> dict:
 def write_result(name: str, payload: dict, out_dir: Path | None = None) -> Path:
     """Write ``out_dir/NAME.json`` with the date and machine. Default: ``benchmarks/results``, or
     :data:`QUICK_RESULTS` for a ``payload`` of a quick run (``"quick": True``)."""
-    if out_dir is None:
-        out_dir = QUICK_RESULTS if payload.get("quick") else RESULTS
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir) if out_dir is not None else results_dir(bool(payload.get("quick")))
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "machine": machine(), **payload}

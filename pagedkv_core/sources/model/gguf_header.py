@@ -47,15 +47,16 @@ class _Reader:
     def __init__(self, f, size: int):
         self.f, self.size = f, size
 
-    def take(self, n: int) -> bytes:
+    def _within(self, n: int) -> int:
         if n < 0 or self.f.tell() + n > self.size:
             raise ValueError(f"GGUF header runs past the end of the file ({self.size:,} bytes)")
-        return self.f.read(n)
+        return n
+
+    def take(self, n: int) -> bytes:
+        return self.f.read(self._within(n))
 
     def skip(self, n: int) -> None:
-        if n < 0 or self.f.tell() + n > self.size:
-            raise ValueError(f"GGUF header runs past the end of the file ({self.size:,} bytes)")
-        self.f.seek(n, os.SEEK_CUR)
+        self.f.seek(self._within(n), os.SEEK_CUR)
 
     def unpack(self, fmt: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]

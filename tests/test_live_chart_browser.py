@@ -106,6 +106,10 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
         page.wait_for_selector(CHART, timeout=120_000)
         first = page.evaluate(SAMPLE, [CHART, STEP])
         assert first["present"], "the paged pool's chart is not drawn after the page loaded"
+        # the lines between the cells (ui.pool_cells.cell_grid) are drawn on whole pixels (ui.layout)
+        grid = page.evaluate("""(chart) => [...document.querySelectorAll(chart + ' .shapelayer path')]
+            .filter((p) => p.style.stroke === 'rgb(255, 255, 254)').map((p) => getComputedStyle(p).shapeRendering)""", CHART)
+        assert [g.lower() for g in grid] == ["crispedges"], grid
         page.evaluate(WATCH, CHART)
         page.locator(PLAY).click()
         deadline = time.monotonic() + BOUND_S

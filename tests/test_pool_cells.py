@@ -16,8 +16,8 @@ from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.record.slot_state import SlotState
 from pagedkv_core.workloads.scenarios import build_workload
 from ui.pool_cells import (
-    MAX_GROUPS, NUM_STATES, TEXT_CELLS, cell_codes, cell_size, pool_cells, pool_heatmap, window_label,
-    zoom_windows,
+    GAP_COLUMNS, GRID_COLOR, MAX_GROUPS, NUM_STATES, TEXT_CELLS, cell_codes, cell_grid, cell_size, grid_columns,
+    pool_cells, pool_heatmap, window_label, zoom_windows,
 )
 
 PAYLOAD_LIMIT = 300_000  # bytes of figure JSON per step, at every pool size
@@ -411,6 +411,39 @@ def test_the_unvalidated_figure_is_what_validation_makes_of_it(case):
         fig = free_pool_heatmap(2048, 16, "all free")[0]
     sent = json.loads(fig.to_json())
     assert sent == json.loads(go.Figure(fig.to_dict()).to_json())  # go.Figure(dict) validates every key and value
+
+
+def test_cell_grid_runs_along_every_boundary_between_cells():
+    assert cell_grid(3, 2)["path"] == "M0.5,-0.5V1.5M1.5,-0.5V1.5M-0.5,0.5H2.5"
+    assert cell_grid(1, 1)["path"] == ""
+
+
+@pytest.mark.parametrize("allocator", ["paged", "contiguous"])
+def test_cells_are_parted_by_one_grid_path_under_the_block_lines(allocator):
+    """The heatmap traces have no gaps (plotly.js then paints a pixel a cell): one white path parts
+    the cells, drawn first, so the block boundaries lie over it."""
+    snap, ids = engine_snapshot("explainer40", 2048, allocator, 30)
+    cells = pool_cells(snap.slot_state, snap.slot_owner, 16)
+    width = grid_columns(cells.num_cells, 16)
+    rows = -(-cells.num_cells // width)
+    assert width <= GAP_COLUMNS
+    fig = pool_heatmap(cells, "pool", ids, snapshot=snap)
+    assert all(not t.xgap and not t.ygap for t in fig.data if t.type == "heatmap")
+    grids = [s for s in fig.layout.shapes if s.line.color == GRID_COLOR]
+    assert len(grids) == 1 and fig.layout.shapes[0] is grids[0]
+    moves = re.findall(r"M(-?[\d.]+),(-?[\d.]+)([VH])(-?[\d.]+)", grids[0].path)
+    assert sorted(float(x) for x, _, d, _ in moves if d == "V") == [c - 0.5 for c in range(1, width)]
+    assert sorted(float(y) for _, y, d, _ in moves if d == "H") == [r - 0.5 for r in range(1, rows)]
+    assert len(moves) == (width - 1) + (rows - 1)
+    assert len(fig.layout.shapes[1:]) == (width // 16 - 1 if allocator == "paged" else 0)  # the block boundaries
+
+
+def test_a_grid_too_wide_for_lines_has_none():
+    state, owner = synthetic_paged(1 << 20)
+    cells = pool_cells(state, owner, 16, window=zoom_windows(1 << 20, 16)[0])
+    assert grid_columns(cells.num_cells, 16) > GAP_COLUMNS
+    fig = pool_heatmap(cells, "pool", [])
+    assert not [s for s in fig.layout.shapes or () if s.line.color == GRID_COLOR]
 
 
 @pytest.mark.browser

@@ -8,7 +8,9 @@ on a page that redraws its figures on every step that veil is what a class sees 
 chart's code is loaded on demand, and until it is, Streamlit draws a grey skeleton in its place
 (2-3 s on a slow machine): the skeletons keep their room but are not drawn. The style sheet goes
 out as markdown (drawn at once; ``st.html`` is itself loaded on demand, so its style came seconds
-late) whose element container the sheet itself hides, so it takes no room in the layout.
+late) whose element container the sheet itself hides, so it takes no room in the layout. The
+lines between a pool's cells (:func:`ui.pool_cells.cell_grid`, found by their colour) are drawn on
+whole pixels, one pixel wide, as plotly's own gaps between cells were.
 Presenter mode (:mod:`ui.presenter`) adds its own, larger type on top.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ header[data-testid="stHeader"] { background: transparent; }
 [data-testid="stSkeleton"], [data-testid="stSkeletonElement"] { visibility: hidden !important; }
 [data-testid="stElementContainer"]:has(> [data-testid="stMarkdown"] style) { display: none; }
 [data-testid="stElementContainer"][class*="st-key-_player_"] { display: none; }
+.js-plotly-plot .shapelayer path[style*="rgb(255, 255, 254)"] { shape-rendering: crispEdges; }
 </style>
 """
 

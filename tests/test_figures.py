@@ -55,6 +55,25 @@ def test_event_strip_is_what_validation_makes_of_it(runs, current):
         assert bool(fig.layout.annotations) == (not shown)  # "no admissions ... yet"
 
 
+def test_a_growing_runs_strip_spans_whole_chunks_of_steps(runs):
+    """A recorded run's strip spans its steps; while a run still steps (live), the axis grows 32
+    steps at a time, so that most frames keep the axis of the frame before."""
+    from types import SimpleNamespace
+
+    from ui.run_events import STRIP_CHUNK, strip_extent
+
+    n = max(r.num_steps for r in runs)
+    assert strip_extent(runs, n) == n and strip_extent([], 5) == 5
+    live = SimpleNamespace(engine=object(), done=False)
+    assert [strip_extent([*runs, live], k) for k in (0, 1, 32, 33, 64, 65)] == [32, 32, 32, 64, 64, 96]
+    assert strip_extent([*runs, SimpleNamespace(engine=object(), done=True)], 33) == 33
+    assert STRIP_CHUNK == 32
+    fig = event_strip(runs, 33, 20, strip_extent([*runs, live], 33))
+    assert_as_validated(fig)
+    assert fig.layout.xaxis.range == (-0.5, 63.5)
+    assert event_strip(runs, 33, 20).layout.xaxis.range == (-0.5, 32.5)
+
+
 @pytest.mark.parametrize("kw", [{}, {"upto": 12}, {"current_step": 30, "upto": 30, "preemptions": "all"}])
 def test_status_timeline_is_what_validation_makes_of_it(runs, kw):
     from ui.lesson_figures import status_timeline

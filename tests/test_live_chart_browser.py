@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 PAGE = "reserve-or-page"
 CHART = ".st-key-rop_heat_paged .js-plotly-plot"
+STRIP = ".st-key-rop_events .js-plotly-plot"  # the event strip under the slider
 STEP = '[data-testid="stMain"] [data-testid="stSlider"] input[aria-label="Step"]'
 PLAY = ".st-key-rop_play button"
 SAMPLE_MS = 100
@@ -68,7 +69,12 @@ WATCH = """(chart) => {
       window.__lastDraw = seen;
     }
   }).observe(document.querySelector('[data-testid="stMain"]'), {attributes: true, attributeFilter: ['data-rev'], subtree: true});
-}"""
+  // how each draw of the event strip was made (ui.live_chart: "react-layout" when only its layout changed)
+  window.__stripHows = [];
+  new MutationObserver((records) => {
+    for (const r of records) if (r.target.matches && r.target.matches(STRIP)) window.__stripHows.push(r.target.dataset.how);
+  }).observe(document.querySelector('[data-testid="stMain"]'), {attributes: true, attributeFilter: ['data-rev'], subtree: true});
+}""".replace("STRIP", repr(STRIP))
 
 SAMPLE = """([chart, step]) => {
   const node = document.querySelector(chart);
@@ -127,6 +133,7 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
         blank = page.evaluate("() => window.__blank")
         mounts = page.evaluate("() => window.__mounts")
         draws, repeats = page.evaluate("() => [window.__draws, window.__repeats]")
+        strip_hows = page.evaluate("() => window.__stripHows")
         page.locator(PLAY).click()  # Pause
         absent = [i for i, s in enumerate(samples) if not s["present"]]
         replaced = [i for i, s in enumerate(samples) if s["present"] and not s["same"]]
@@ -149,6 +156,9 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
         steps = [s["step"] for s in samples]
         assert steps[-1] > steps[0], "the run did not advance while sampled"
         assert len({s["z"] for s in samples}) >= MIN_FRAMES  # new data, on the same node
+        # The strip's events are the same while the run plays (it is recorded whole): only its step
+        # line moves, and its traces are given to Plotly as drawn before, so Plotly relays it out.
+        assert "react-layout" in strip_hows, f"the event strip's draws: {strip_hows}"
         # Drawn in pixels, not in Plotly's "responsive" mode (a chart first drawn into a node that
         # already had a height stayed 0 px high there), and still as wide as the page: a narrower
         # window narrows it.

@@ -22,6 +22,12 @@ without that keyframe (the element was mounted afresh by a fragment rerun) asks 
 next run sends the whole figure. Numeric arrays travel as Plotly's typed-array form (base64), as
 ``st.plotly_chart`` sends them.
 
+What is drawn again. ``Plotly.react`` redraws a whole plot when it is given a new array (it does not
+compare the contents), so the browser hands it, for every trace and every layout entry that a
+message changes exactly as the message drawn before did, the very object it drew then: a chart
+whose only change is its layout (the event strip's step line) is relaid out, not drawn again
+(its ``data-how`` says ``react-layout``).
+
 plotly.js is served offline, from the ``plotly`` Python package's own ``plotly.min.js`` (through
 Streamlit's component file route), and loaded once per page, not per chart or frame: nothing is
 fetched from the network. The toolbar (:func:`ui.export.png_config`) works as on ``st.plotly_chart``.
@@ -93,10 +99,19 @@ function plotlyReady(url) {
 }
 
 // The figure a message stands for: its keyframe with the message's changes on top (copies: Plotly
-// extends the arrays it is given in place, and the keyframe must stay as it came).
+// extends the arrays it is given in place, and the keyframe must stay as it came). A trace the
+// message changes as the message drawn before did (the same keyframe, the same changes) is that
+// draw's trace object itself, arrays and all: Plotly.react takes a new array for new data and
+// redraws the whole plot for it, so a chart whose only change is its layout (the event strip's
+// step line) is then relaid out, not drawn again. ``c.made`` is what the last Plotly.react drew
+// (``layout`` as given, before :func:`bold`).
 function target(c, m) {
   const copy = (v) => (Array.isArray(v) ? v.slice() : v);
+  const sigs = c.keyframe.data.map((t, i) => JSON.stringify([(m.set && m.set[i]) || null, (m.ext && m.ext[i]) || null]));
+  const made = c.made && c.made.base === c.base && c.made.data.length === sigs.length ? c.made : null;
+  let kept = 0;
   const data = c.keyframe.data.map((t, i) => {
+    if (made && made.sigs[i] === sigs[i]) { kept += 1; return made.data[i]; }
     const out = Object.assign({}, t, (m.set && m.set[i]) || {});
     out.x = copy(out.x);
     out.y = copy(out.y);
@@ -105,7 +120,15 @@ function target(c, m) {
     for (const k of ["x", "y"]) if (out[k] === undefined) delete out[k];
     return out;
   });
-  return { data, layout: Object.assign({}, c.keyframe.layout, m.layout || {}) };
+  // likewise each layout entry the message changes as the one before did (an axis's category
+  // list is an array, which Plotly.react also takes as new data when it is a new array)
+  const layout = Object.assign({}, c.keyframe.layout);
+  const entries = {};
+  for (const [k, v] of Object.entries(m.layout || {})) {
+    entries[k] = JSON.stringify(v);
+    layout[k] = made && made.entries[k] === entries[k] ? made.layout[k] : v;
+  }
+  return { data, sigs, kept, layout, entries };
 }
 
 // Titles in bold, as Streamlit's own Plotly theme draws them.
@@ -137,10 +160,13 @@ async function draw(c) {
         const attrs = [...new Set(idx.flatMap((i) => Object.keys(m.grow[i])))];
         const update = {};
         for (const a of attrs) update[a] = idx.map((i) => m.grow[i][a] || []);
+        c.made = null;  // the arrays drawn grow in place: no longer what their message said
         if (idx.length) Plotly.extendTraces(c.div, update, idx);
         if (m.relayout && Object.keys(m.relayout).length) await Plotly.relayout(c.div, bold(m.relayout));
       } else {
+        c.made = null;
         await Plotly.react(c.div, fig.data, bold(fig.layout), m.config || {});
+        c.made = { base: c.base, sigs: fig.sigs, data: fig.data, entries: fig.entries, layout: fig.layout };
       }
       c.drawn = true;
       // drawn before its container had its width (a busy browser): fit the width now
@@ -148,12 +174,14 @@ async function draw(c) {
       if (full && Math.abs(full.width - c.div.getBoundingClientRect().width) > 1) Plotly.Plots.resize(c.div);
       c.rev = m.rev;
       c.div.dataset.rev = String(m.rev);
-      c.div.dataset.how = grown ? "extend" : (m.full ? "react-full" : "react");
+      // how it was drawn: curves extended, a keyframe, its traces as drawn before (the layout changed), or new traces
+      c.div.dataset.how = grown ? "extend" : (m.full ? "react-full" : (fig.kept === fig.data.length ? "react-layout" : "react"));
     } catch (err) {  // draw the next message on a clean plot
       console.error("live chart", err);
       c.div.dataset.error = String(err && err.message || err);
       try { window.Plotly && window.Plotly.purge(c.div); } catch (e) { /* nothing drawn */ }
       c.drawn = false;
+      c.made = null;
     }
   }
   c.busy = false;

@@ -346,7 +346,7 @@ def slider(key: str, num_steps: int, runs=None) -> int:
     st.text_input("Pause drawn", key=_seen_key(key), label_visibility="collapsed")  # hidden (ui.layout)
     st.caption(rate_text(key))
     if runs:
-        fig = run_events.event_strip(runs, num_steps, value)
+        fig = run_events.event_strip(runs, num_steps, value, run_events.strip_extent(runs, num_steps))
         show_chart(fig, f"{key}_events", config=export.png_config(f"{key}-events"))
         st.caption("Where each kind of event happens: a tick per step, the dotted line at this step. "
                    "Next event jumps to the next tick of the kind chosen above.")

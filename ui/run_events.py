@@ -88,9 +88,24 @@ def run_color(run, k: int) -> str:
     return series_color(run.label) or REQUEST_COLORS[k % len(REQUEST_COLORS)]
 
 
-def event_strip(runs: Sequence, num_steps: int, current: int | None = None) -> go.Figure:
+# A run still stepping (the real model, live) gains a step a frame. Its strip's axis grows by this
+# many steps at a time, not by one: a frame whose axis and events are those of the frame before is
+# only relaid out (its step line moved), where a new axis makes plotly.js draw the whole chart again.
+STRIP_CHUNK = 32
+
+
+def strip_extent(runs: Sequence, num_steps: int) -> int:
+    """The steps the strip's axis spans: ``num_steps`` for recorded runs, rounded up to a whole
+    number of :data:`STRIP_CHUNK` while any run is still stepping (the steps to come stay blank)."""
+    if any(getattr(r, "engine", None) is not None and not r.done for r in runs):
+        return -(-max(num_steps, 1) // STRIP_CHUNK) * STRIP_CHUNK
+    return num_steps
+
+
+def event_strip(runs: Sequence, num_steps: int, current: int | None = None, extent: int | None = None) -> go.Figure:
     """A thin chart: one row per event group that occurs, a tick at every step where it does
-    (one colour per run), and the current step as a dotted line.
+    (one colour per run), and the current step as a dotted line. ``extent``: the steps its x-axis
+    spans (at least ``num_steps``; :func:`strip_extent` for runs still growing).
 
     Built as plotly.js reads it and not validated, as :func:`ui.figures.step_curves` is (a playing page
     draws one every tick); ``tests/test_figures.py`` checks it against a validated copy."""
@@ -113,7 +128,7 @@ def event_strip(runs: Sequence, num_steps: int, current: int | None = None) -> g
         "plot_bgcolor": "white", "showlegend": len(runs) > 1,
         "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom", "font": {"size": 11}},
         "font": {"size": 11},
-        "xaxis": {"range": [-0.5, max(num_steps, 1) - 0.5], "showgrid": False, "zeroline": False},
+        "xaxis": {"range": [-0.5, max(num_steps, extent or 0, 1) - 0.5], "showgrid": False, "zeroline": False},
         "yaxis": yaxis,
     }
     if current is not None:

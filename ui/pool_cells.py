@@ -500,8 +500,9 @@ GAP_COLUMNS = 96  # up to this many cells a row, a 1-pixel line parts the cells;
 # the plot and encodes each as a PNG, on every frame of a playing page; without them it paints one
 # pixel a cell and lets the browser scale the image. Measured in Chromium on the 2-core AMD EPYC
 # (a pool of 2,048 slots in 3-4 traces, 20 frames of the guide's run drawn 6 times, three rounds
-# alternating): 20-26 ms of the browser's CPU a frame with gaps, 14-17 with the path. The path's colour is white one step off, so that the
-# app's style sheet (:mod:`ui.layout`) can find it and draw it on whole pixels, as the gaps were.
+# alternating): 20-26 ms of the browser's CPU a frame with gaps, 14-17 with the path. The path's
+# colour is white one step off, so that the app's style sheet (:mod:`ui.layout`) can find it and
+# draw it on whole pixels, as the gaps were.
 GRID_COLOR = "#fffffe"
 
 

@@ -6,7 +6,7 @@ import streamlit as st
 
 from pagedkv_core.events import FINISH
 from pagedkv_core.workloads.scenarios import build_workload
-from ui import export, guide, player, pool_view, presenter
+from ui import export, guide, player, pool_view, presenter, run_events
 from ui.figures import step_curves
 from ui.pool_cells import LEGEND, SLIDE_LEGEND, free_pool_heatmap, snapshot_heatmap
 from ui.predict import Prediction, range_options
@@ -130,7 +130,9 @@ def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None 
         fig = step_curves(range(n), utilization_series(runs, upto), "Token utilization over the run: filled slots / "
                           "allocated slots" + (f" (up to step {upto}: the rest is still to come)" if upto is not None else ""),
                           "token utilization", current_step=step)
-        return fig.update_xaxes(range=[0, n - 1])
+        # a run still stepping: the axis of the event strip above (whole chunks of steps), so the
+        # two charts' steps stay one above the other
+        return fig.update_xaxes(range=[0, run_events.strip_extent(runs, n) - 1])
 
     show_chart(curves, f"{KEY}_curves", config=export.png_config(f"{KEY}-utilization"),
                hold_s=CURVES_EVERY_S if playing else None)

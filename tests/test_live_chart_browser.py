@@ -25,6 +25,7 @@ import time
 import pytest
 
 from tests.browser import chromium_page, running_app, wait_idle
+from ui.pool_cells import GRID_STROKE
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -113,8 +114,8 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
         first = page.evaluate(SAMPLE, [CHART, STEP])
         assert first["present"], "the paged pool's chart is not drawn after the page loaded"
         # the lines between the cells (ui.pool_cells.cell_grid) are drawn on whole pixels (ui.layout)
-        grid = page.evaluate("""(chart) => [...document.querySelectorAll(chart + ' .shapelayer path')]
-            .filter((p) => p.style.stroke === 'rgb(255, 255, 254)').map((p) => getComputedStyle(p).shapeRendering)""", CHART)
+        grid = page.evaluate("""([chart, stroke]) => [...document.querySelectorAll(chart + ' .shapelayer path')]
+            .filter((p) => p.style.stroke === stroke).map((p) => getComputedStyle(p).shapeRendering)""", [CHART, GRID_STROKE])
         assert [g.lower() for g in grid] == ["crispedges"], grid
         page.evaluate(WATCH, CHART)
         page.locator(PLAY).click()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from ui.pool_cells import GRID_STROKE
+
 CSS = """
 <style>
 [data-testid="stMainBlockContainer"] { padding-top: 2.6rem; padding-left: 2.2rem; padding-right: 2.2rem; }
@@ -27,9 +29,9 @@ header[data-testid="stHeader"] { background: transparent; }
 [data-testid="stSkeleton"], [data-testid="stSkeletonElement"] { visibility: hidden !important; }
 [data-testid="stElementContainer"]:has(> [data-testid="stMarkdown"] style) { display: none; }
 [data-testid="stElementContainer"][class*="st-key-_player_"] { display: none; }
-.js-plotly-plot .shapelayer path[style*="rgb(255, 255, 254)"] { shape-rendering: crispEdges; }
+.js-plotly-plot .shapelayer path[style*="GRID_STROKE"] { shape-rendering: crispEdges; }
 </style>
-"""
+""".replace("GRID_STROKE", GRID_STROKE)
 
 
 def compact() -> None:

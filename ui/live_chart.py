@@ -108,7 +108,7 @@ function plotlyReady(url) {
 function target(c, m) {
   const copy = (v) => (Array.isArray(v) ? v.slice() : v);
   const sigs = c.keyframe.data.map((t, i) => JSON.stringify([(m.set && m.set[i]) || null, (m.ext && m.ext[i]) || null]));
-  const made = c.made && c.made.base === c.base && c.made.data.length === sigs.length ? c.made : null;
+  const made = c.made && c.made.base === c.base ? c.made : null;  // the same keyframe: the same traces
   let kept = 0;
   const data = c.keyframe.data.map((t, i) => {
     if (made && made.sigs[i] === sigs[i]) { kept += 1; return made.data[i]; }
@@ -181,7 +181,6 @@ async function draw(c) {
       c.div.dataset.error = String(err && err.message || err);
       try { window.Plotly && window.Plotly.purge(c.div); } catch (e) { /* nothing drawn */ }
       c.drawn = false;
-      c.made = null;
     }
   }
   c.busy = false;

@@ -503,7 +503,9 @@ GAP_COLUMNS = 96  # up to this many cells a row, a 1-pixel line parts the cells;
 # alternating): 20-26 ms of the browser's CPU a frame with gaps, 14-17 with the path. The path's
 # colour is white one step off, so that the app's style sheet (:mod:`ui.layout`) can find it and
 # draw it on whole pixels, as the gaps were.
-GRID_COLOR = "#fffffe"
+GRID_RGB = (255, 255, 254)
+GRID_COLOR = "#%02x%02x%02x" % GRID_RGB
+GRID_STROKE = "rgb(%d, %d, %d)" % GRID_RGB  # how the browser writes the path's stroke in its style
 
 
 def cell_grid(width: int, rows: int) -> dict:

@@ -13,7 +13,11 @@ SAMPLE_S seconds (and until the heatmap has shown a few different frames):
 - its heatmap data (the cells' x, y and codes) changes from frame to frame on that node;
 - no draw repeats the one before it (the same cells under the same title): a tick that holds its
   frame for a browser still drawing it sends the message already drawn, and the browser draws
-  nothing (it used to draw every held frame again, two draws in three while playing here).
+  nothing (it used to draw every held frame again, two draws in three while playing here);
+- most of the pool's draws repaint its cells alone (``data-how="cells"``), and each of the first
+  few such pictures, drawn again by Plotly itself from the traces and layout the chart then held,
+  is the same image, pixel for pixel, under the same title; with the pointer over the chart it is
+  drawn by Plotly in full (its hover reads what Plotly drew), and away from it, repainted again.
 
 Against ``st.plotly_chart`` this fails: the node changes every frame and samples catch it absent.
 The waits depend on progress (the step moving, frames arriving), bounded generously; nothing is timed.
@@ -68,6 +72,21 @@ WATCH = """(chart) => {
       window.__draws += 1;
       if (seen === window.__lastDraw) window.__repeats += 1;
       window.__lastDraw = seen;
+    }
+  }).observe(document.querySelector('[data-testid="stMain"]'), {attributes: true, attributeFilter: ['data-rev'], subtree: true});
+  // how each draw of the pool was made, and the first few repaints of its cells alone (ui.live_chart:
+  // "cells"): the images shown then, and the traces and layout the chart held, to be drawn by Plotly
+  // itself once paused (gd.data and gd.layout are replaced, never changed in place, by later draws)
+  window.__poolHows = []; window.__cells = [];
+  new MutationObserver((records) => {
+    for (const r of records) {
+      const n = r.target;
+      if (!n.matches || !n.matches(chart)) continue;
+      window.__poolHows.push(n.dataset.how);
+      if (n.dataset.how !== 'cells' || window.__cells.length >= 3) continue;
+      window.__cells.push({images: [...n.querySelectorAll('g.hm image')].map((i) => i.getAttribute('xlink:href') || i.getAttribute('href')),
+                           title: (n.querySelector('.gtitle') || {}).textContent, data: n.data.slice(),
+                           layout: Object.assign({}, n.layout, {width: n._fullLayout.width, height: n._fullLayout.height})});
     }
   }).observe(document.querySelector('[data-testid="stMain"]'), {attributes: true, attributeFilter: ['data-rev'], subtree: true});
   // how each draw of the event strip was made (ui.live_chart: "react-layout" when only its layout changed)
@@ -131,11 +150,26 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
                 break
             assert time.monotonic() < deadline, f"only {len(seen)} different heatmaps in {len(samples)} samples"
             page.wait_for_timeout(SAMPLE_MS)
+        # Under the pointer the pool is drawn by Plotly in full (its hover reads what it drew); away
+        # from it, its cells alone are repainted again. Each waits for two draws of the pool.
+        for where, expect in (("over", False), ("away", True)):
+            if where == "over":
+                page.hover(CHART)
+            else:
+                page.mouse.move(1, 1)
+            start_at = page.evaluate("() => window.__poolHows.length")
+            while page.evaluate("() => window.__poolHows.length") < start_at + 2:
+                assert time.monotonic() < deadline, f"the pool was not drawn twice with the pointer {where}"
+                page.wait_for_timeout(SAMPLE_MS)
+            hows = page.evaluate("(n) => window.__poolHows.slice(n + 1)", start_at)  # the first may have begun before
+            assert (("cells" in hows) if expect else ("cells" not in hows)), (where, hows)
         blank = page.evaluate("() => window.__blank")
         mounts = page.evaluate("() => window.__mounts")
         draws, repeats = page.evaluate("() => [window.__draws, window.__repeats]")
         strip_hows = page.evaluate("() => window.__stripHows")
         page.locator(PLAY).click()  # Pause
+        pool_hows = page.evaluate("() => window.__poolHows")
+        redrawn = page.evaluate(REDRAWN)
         absent = [i for i, s in enumerate(samples) if not s["present"]]
         replaced = [i for i, s in enumerate(samples) if s["present"] and not s["same"]]
         # which node each sample saw, as runs (node, samples, steps): one change at Play, or one a frame
@@ -160,6 +194,10 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
         # The strip's events are the same while the run plays (it is recorded whole): only its step
         # line moves, and its traces are given to Plotly as drawn before, so Plotly relays it out.
         assert "react-layout" in strip_hows, f"the event strip's draws: {strip_hows}"
+        # The pool's traces and grid stay the same from step to step (ui.pool_cells), so most of its
+        # draws repaint its cells alone, and each such picture is the one Plotly draws for the same figure.
+        assert pool_hows.count("cells") * 2 > len(pool_hows), f"the pool's draws: {pool_hows}"
+        assert redrawn and all(r["same"] and r["title"][0] == r["title"][1] and r["images"][0] >= 4 for r in redrawn), redrawn
         # Drawn in pixels, not in Plotly's "responsive" mode (a chart first drawn into a node that
         # already had a height stayed 0 px high there), and still as wide as the page: a narrower
         # window narrows it.
@@ -171,6 +209,30 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
 
 
 # A live chart's plot box: its width and height, the svg container's style width, and its node's width.
+# Each repaint of the pool's cells captured while playing, drawn again by Plotly itself from the traces
+# and layout the chart held: whether every heatmap's image is the same picture, pixel for pixel, and
+# the title the same text.
+REDRAWN = """async () => {
+  const pixels = async (href) => {
+    const im = new Image(); im.src = href; await im.decode();
+    const cv = document.createElement('canvas'); cv.width = im.naturalWidth; cv.height = im.naturalHeight;
+    const cx = cv.getContext('2d'); cx.drawImage(im, 0, 0);
+    return cv.width + 'x' + cv.height + ':' + Array.from(cx.getImageData(0, 0, cv.width, cv.height).data).join(',');
+  };
+  const out = [];
+  for (const cap of window.__cells) {
+    const div = document.createElement('div');
+    document.body.appendChild(div);
+    await Plotly.newPlot(div, cap.data, cap.layout, {staticPlot: true});
+    const theirs = [...div.querySelectorAll('g.hm image')].map((i) => i.getAttribute('xlink:href') || i.getAttribute('href'));
+    const ours = await Promise.all(cap.images.map(pixels)), drawn = await Promise.all(theirs.map(pixels));
+    out.push({images: [ours.length, drawn.length], same: ours.length === drawn.length && ours.every((p, k) => p === drawn[k]),
+              title: [cap.title, (div.querySelector('.gtitle') || {}).textContent]});
+    Plotly.purge(div); div.remove();
+  }
+  return out;
+}"""
+
 BOX = """(sel) => { const gd = document.querySelector(sel); const sc = gd && gd.querySelector('.svg-container');
   if (!sc) return {width: 0, height: 0, svg: '', parent: -1};
   const r = sc.getBoundingClientRect();

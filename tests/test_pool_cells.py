@@ -16,8 +16,8 @@ from pagedkv_core.sources.scripted import ScriptedSource
 from pagedkv_core.record.slot_state import SlotState
 from pagedkv_core.workloads.scenarios import build_workload
 from ui.pool_cells import (
-    GAP_COLUMNS, GRID_COLOR, MAX_GROUPS, NUM_STATES, TEXT_CELLS, cell_codes, cell_grid, cell_size, grid_columns,
-    pool_cells, pool_heatmap, window_label, zoom_windows,
+    CONTIGUOUS_STATES, GAP_COLUMNS, GRID_COLOR, MAX_GROUPS, NUM_STATES, PAGED_STATES, TEXT_CELLS, cell_codes,
+    cell_grid, cell_size, grid_columns, pool_cells, pool_heatmap, snapshot_cells, window_label, zoom_windows,
 )
 
 PAYLOAD_LIMIT = 300_000  # bytes of figure JSON per step, at every pool size
@@ -436,6 +436,33 @@ def test_cells_are_parted_by_one_grid_path_under_the_block_lines(allocator):
     assert sorted(float(y) for _, y, d, _ in moves if d == "H") == [r - 0.5 for r in range(1, rows)]
     assert len(moves) == (width - 1) + (rows - 1)
     assert len(fig.layout.shapes[1:]) == (width // 16 - 1 if allocator == "paged" else 0)  # the block boundaries
+
+
+@pytest.mark.parametrize("allocator, states", [("paged", PAGED_STATES), ("contiguous", CONTIGUOUS_STATES)])
+def test_a_pool_has_the_same_traces_on_the_same_grid_at_every_step(allocator, states):
+    """The figure a playing page sends at each step has a layer per state this pool can show,
+    present or not, each padded onto the grid of width + 1 by rows + 1: so the browser repaints the
+    cells of the traces it drew (ui.live_chart) rather than drawing other traces."""
+    engine = Engine(EngineConfig(pool_slots=2048, allocator=allocator), ScriptedSource())
+    build_workload("explainer40").submit(engine)
+    shapes, seen = set(), set()
+    for step in range(1, 121):
+        _, snap = engine.step()
+        if step % 10:
+            continue
+        cells = snapshot_cells(snap)
+        fig = json.loads(pool_heatmap(cells, "pool", [], snapshot=snap).to_json())
+        heat = [t for t in fig["data"] if t["type"] == "heatmap"]
+        shapes.add(tuple(t["type"] for t in fig["data"]))
+        assert len(heat) == len(states)
+        width = round(fig["layout"]["xaxis"]["range"][1] + 0.5)
+        rows = round(fig["layout"]["yaxis"]["range"][0] + 0.5)
+        for t in heat:
+            x, y = decode(t["x"]).astype(int), decode(t["y"]).astype(int)
+            assert set(x.tolist()) == set(range(width + 1)) and set(y.tolist()) == set(range(rows + 1))
+        seen.update(int(v) for v in np.unique(snap.slot_state))
+    assert len(shapes) == 1, shapes
+    assert len(seen) >= 3, seen  # the run went through steps with different states present
 
 
 def test_a_grid_too_wide_for_lines_has_none():

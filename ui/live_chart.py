@@ -26,7 +26,12 @@ What is drawn again. ``Plotly.react`` redraws a whole plot when it is given a ne
 compare the contents), so the browser hands it, for every trace and every layout entry that a
 message changes exactly as the message drawn before did, the very object it drew then: a chart
 whose only change is its layout (the event strip's step line) is relaid out, not drawn again
-(its ``data-how`` says ``react-layout``).
+(its ``data-how`` says ``react-layout``). A heatmap whose cells alone changed on an unchanged layout
+(a pool's next step: :mod:`ui.pool_cells` keeps its traces and their grid the same from step to
+step) is not given to Plotly at all: its image, one pixel a cell as plotly.js draws it, is painted
+from the message and put in place, and the title's text is set (``data-how="cells"``; see
+``paintCells``). Plotly's hover then still reads the cells it drew last, so a chart under the pointer,
+or resized, is drawn by Plotly in full.
 
 plotly.js is served offline, from the ``plotly`` Python package's own ``plotly.min.js`` (through
 Streamlit's component file route), and loaded once per page, not per chart or frame: nothing is
@@ -131,6 +136,144 @@ function target(c, m) {
   return { data, sigs, kept, layout, entries };
 }
 
+// A heatmap whose cells alone changed since the chart was last laid out (a pool's next step) is
+// repainted, not drawn again: Plotly.react's own work per plot (defaults, axes, shapes) is most of
+// a pool frame, while its picture of the cells is one image of a pixel a cell ("fast" drawing, as
+// plotly.js draws a heatmap on an even grid without gaps). Here that image is painted the same way
+// from the message (the colours from the figure's colour axis) and put in place, and the title's
+// text is set; gd.data and gd.layout take the message's traces and title, so an export draws what
+// is shown. Plotly's own hover data stays that of the last full draw, so a pointer over the chart,
+// a resize, or anything this cannot repaint exactly, draws it in full.
+const CELL_KEYS = new Set(["x", "y", "z", "text", "hovertext", "customdata", "hovertemplate"]);
+const XLINK = "http://www.w3.org/1999/xlink";
+const TYPED = { i1: Int8Array, u1: Uint8Array, i2: Int16Array, u2: Uint16Array, i4: Int32Array, u4: Uint32Array,
+                f4: Float32Array, f8: Float64Array };
+
+function sorted(v) {
+  if (v === null || typeof v !== "object" || Array.isArray(v)) return v;
+  const out = {};
+  for (const k of Object.keys(v).sort()) out[k] = sorted(v[k]);
+  return out;
+}
+
+// What a message lays out apart from its heatmaps' cells and its title's text: two messages with the
+// same layout key differ on the screen only by those.
+function layoutKey(c, m) {
+  const traces = c.keyframe.data.map((t, i) => {
+    const kept = {};
+    for (const [k, v] of Object.entries((m.set && m.set[i]) || {})) if (!(t.type === "heatmap" && CELL_KEYS.has(k))) kept[k] = v;
+    return [kept, (m.ext && m.ext[i]) || null];
+  });
+  const layout = sorted(Object.assign({}, c.keyframe.layout, m.layout || {}));
+  if (layout.title && typeof layout.title === "object") layout.title = Object.assign({}, layout.title, { text: null });
+  return JSON.stringify([traces, layout]);
+}
+
+function numbers(v) {
+  if (Array.isArray(v) || ArrayBuffer.isView(v)) return v;
+  if (!v || typeof v.bdata !== "string" || !TYPED[v.dtype] || (v.shape !== undefined && String(v.shape).includes(","))) return null;
+  const bin = atob(v.bdata);
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  return new TYPED[v.dtype](bytes.buffer);
+}
+
+// The grid a column-form heatmap lies on when its x and y are every integer from 0 up (the pools'
+// traces are padded to it: ui.pool_cells): {w, h}, or null.
+function evenGrid(t) {
+  const x = numbers(t.x), y = numbers(t.y);
+  if (!x || !y || x.length !== y.length || !x.length) return null;
+  const dims = [x, y].map((a) => {
+    let hi = -1;
+    for (const v of a) { if (!Number.isInteger(v) || v < 0 || v > 65535) return 0; if (v > hi) hi = v; }
+    const seen = new Uint8Array(hi + 1);
+    for (const v of a) seen[v] = 1;
+    return seen.every((s) => s === 1) ? hi + 1 : 0;
+  });
+  return dims[0] && dims[1] ? { w: dims[0], h: dims[1], x, y } : null;
+}
+
+// code -> [r, g, b, 255] for a colour axis whose scale is constant over each code's place in it.
+function cellColours(axis) {
+  if (!axis || !Array.isArray(axis.colorscale) || typeof axis.cmin !== "number" || !(axis.cmax > axis.cmin)) return null;
+  const stops = axis.colorscale.map(([f, colour]) => {
+    const hex = /^#([0-9a-f]{6})$/i.exec(colour || "");
+    return hex ? [f, [0, 2, 4].map((k) => parseInt(hex[1].slice(k, k + 2), 16))] : null;
+  });
+  if (stops.some((s) => !s)) return null;
+  const cache = new Map();
+  return (z) => {
+    if (cache.has(z)) return cache.get(z);
+    const f = (z - axis.cmin) / (axis.cmax - axis.cmin);
+    let out = null;
+    for (let i = 0; i + 1 < stops.length; i++) {
+      const [f0, a] = stops[i], [f1, b] = stops[i + 1];
+      if (f0 < f && f < f1 && a.every((v, k) => v === b[k])) { out = [...a, 255]; break; }
+    }
+    cache.set(z, out);
+    return out;
+  };
+}
+
+// Repaint the changed heatmaps of ``fig`` in place; false (nothing touched) where that would not be
+// exactly what Plotly draws.
+function paintCells(c, fig) {
+  const gd = c.div, shown = c.shown, lay = c.keyframe.layout || {};
+  const xr = lay.xaxis && lay.xaxis.range, yr = lay.yaxis && lay.yaxis.range;
+  if (!Array.isArray(xr) || !Array.isArray(yr) || !(xr[0] < xr[1]) || !(yr[0] > yr[1])) return false;
+  const colour = cellColours(lay.coloraxis);
+  if (!colour) return false;
+  const groups = new Map();
+  for (const g of gd.querySelectorAll("g.hm")) {
+    const cd = g.__data__;
+    if (cd && cd[0] && cd[0].trace) groups.set(cd[0].trace.index, g);
+  }
+  const paints = [];
+  for (let i = 0; i < fig.data.length; i++) {
+    if (fig.sigs[i] === shown.sigs[i]) continue;
+    const t = fig.data[i], grid = shown.grids[i];
+    const img = groups.has(i) && groups.get(i).querySelector("image");
+    if (t.type !== "heatmap" || t.coloraxis !== "coloraxis" || !grid || !img) return false;
+    if (!/pixelated/.test(img.getAttribute("style") || "")) return false;  // not Plotly's "fast" drawing
+    const now = evenGrid(t), z = numbers(t.z);
+    if (!now || now.w !== grid.w || now.h !== grid.h || !z || z.length !== now.x.length) return false;
+    const px = new Uint8ClampedArray(grid.w * grid.h * 4);
+    for (let k = 0; k < z.length; k++) {
+      if (z[k] === null || Number.isNaN(z[k])) continue;
+      const rgba = colour(z[k]);
+      if (!rgba) return false;
+      px.set(rgba, (now.y[k] * grid.w + now.x[k]) * 4);
+    }
+    paints.push([i, img, new ImageData(px, grid.w, grid.h)]);
+  }
+  const title = fig.layout.title && fig.layout.title.text;
+  const node = gd.querySelector(".gtitle");
+  const span = node && node.children.length === 1 ? node.firstElementChild : null;
+  if (title !== shown.title) {
+    if (typeof title !== "string" || /[<&]/.test(title) || !span || node.textContent !== shown.title) return false;
+  }
+  const canvas = document.createElement("canvas");
+  for (const [i, img, pixels] of paints) {
+    canvas.width = pixels.width;
+    canvas.height = pixels.height;
+    canvas.getContext("2d").putImageData(pixels, 0, 0);
+    img.setAttributeNS(XLINK, "xlink:href", canvas.toDataURL("image/png"));
+    gd.data[i] = fig.data[i];
+  }
+  if (title !== shown.title) {
+    span.textContent = title;
+    if (gd.layout) gd.layout.title = bold({ title: fig.layout.title }).title;
+  }
+  return true;
+}
+
+function redrawFully(c) {
+  if (!c.shown || !c.shown.msg) return;
+  c.force = true;
+  if (!c.next) c.next = c.shown.msg;
+  if (!c.busy) { c.busy = true; draw(c); }
+}
+
 // Titles in bold, as Streamlit's own Plotly theme draws them.
 function bold(layout) {
   const t = layout && layout.title;
@@ -152,10 +295,17 @@ async function draw(c) {
         }
         continue;
       }
-      if (c.drawn && m.rev === c.rev && m.base === c.base) continue;  // drawn already: a held frame
-      const grown = m.grow && c.rev === m.prev && c.drawn;
+      if (c.drawn && m.rev === c.rev && m.base === c.base && !c.force) continue;  // drawn already: a held frame
+      const grown = m.grow && c.rev === m.prev && c.drawn && !c.force;
       const fig = grown ? null : target(c, m);
-      if (grown) {  // only curves grew (and perhaps the layout changed): extend them in place
+      const key = grown || !c.keyframe.data.some((t) => t.type === "heatmap") ? null : layoutKey(c, m);
+      const cells = key !== null && !m.full && !c.force && !c.hover && c.drawn && c.shown && c.shown.base === c.base
+        && c.shown.key === key && paintCells(c, fig);
+      if (cells) {
+        c.made = null;  // gd.data now holds this message's traces: the next full draw takes them all anew
+        c.stale = true;
+        c.shown = Object.assign({}, c.shown, { sigs: fig.sigs, title: fig.layout.title && fig.layout.title.text, msg: m });
+      } else if (grown) {  // only curves grew (and perhaps the layout changed): extend them in place
         const idx = Object.keys(m.grow).map(Number);
         const attrs = [...new Set(idx.flatMap((i) => Object.keys(m.grow[i])))];
         const update = {};
@@ -168,19 +318,27 @@ async function draw(c) {
         await Plotly.react(c.div, fig.data, bold(fig.layout), m.config || {});
         c.made = { base: c.base, sigs: fig.sigs, data: fig.data, entries: fig.entries, layout: fig.layout };
       }
+      if (!cells) {
+        c.stale = false;
+        c.force = false;
+        c.shown = grown ? null : { base: c.base, key, sigs: fig.sigs, msg: m, title: fig.layout.title && fig.layout.title.text,
+                                   grids: fig.data.map((t) => (t.type === "heatmap" ? evenGrid(t) : null)) };
+      }
       c.drawn = true;
       // drawn before its container had its width (a busy browser): fit the width now
       const full = c.div._fullLayout;
-      if (full && Math.abs(full.width - c.div.getBoundingClientRect().width) > 1) Plotly.Plots.resize(c.div);
+      if (!cells && full && Math.abs(full.width - c.div.getBoundingClientRect().width) > 1) Plotly.Plots.resize(c.div);
       c.rev = m.rev;
       c.div.dataset.rev = String(m.rev);
       // how it was drawn: curves extended, a keyframe, its traces as drawn before (the layout changed), or new traces
-      c.div.dataset.how = grown ? "extend" : (m.full ? "react-full" : (fig.kept === fig.data.length ? "react-layout" : "react"));
+      c.div.dataset.how = cells ? "cells" : grown ? "extend" : (m.full ? "react-full" : (fig.kept === fig.data.length ? "react-layout" : "react"));
     } catch (err) {  // draw the next message on a clean plot
       console.error("live chart", err);
       c.div.dataset.error = String(err && err.message || err);
       try { window.Plotly && window.Plotly.purge(c.div); } catch (e) { /* nothing drawn */ }
       c.drawn = false;
+      c.shown = null;
+      c.force = false;
     }
   }
   c.busy = false;
@@ -196,7 +354,13 @@ export default function (component) {
     div.style.width = "100%";
     parentElement.appendChild(div);
     c = { div, keyframe: null, base: null, rev: -1, drawn: false, next: null, busy: false };
-    c.resize = new ResizeObserver(() => { if (c.drawn && window.Plotly) window.Plotly.Plots.resize(div); });
+    c.resize = new ResizeObserver(() => {
+      if (c.drawn && c.stale) redrawFully(c);  // Plotly would lay out the cells it drew last
+      else if (c.drawn && window.Plotly) window.Plotly.Plots.resize(div);
+    });
+    // Plotly's hover reads the cells of its last full draw: under a pointer the chart is drawn in full
+    div.addEventListener("pointerenter", () => { c.hover = true; if (c.stale) redrawFully(c); });
+    div.addEventListener("pointerleave", () => { c.hover = false; });
     c.resize.observe(parentElement instanceof ShadowRoot ? parentElement.host : parentElement);
     charts.set(parentElement, c);
   }

@@ -411,6 +411,10 @@ def _token_words(token: int, token_text) -> str:
     return f"token {shown}"
 
 
+PAGED_STATES = (SlotState.FREE, SlotState.FILLED, SlotState.EMPTY, SlotState.CACHED, SlotState.SHARED)
+CONTIGUOUS_STATES = (SlotState.FREE, SlotState.FILLED, SlotState.EMPTY, SlotState.FRAGMENT)
+
+
 def _per_slot_layers(cells: PoolCells, request_ids, token_text, snapshot, detail: bool) -> list[_Layer]:
     lo, hi, bs = cells.lo, cells.hi, cells.block_size
     state = cells.counts.argmax(axis=1)
@@ -430,8 +434,12 @@ def _per_slot_layers(cells: PoolCells, request_ids, token_text, snapshot, detail
             if start >= 0 and a < b:
                 res_offset[a - lo:b - lo] = np.arange(a - start, b - start)
                 res_length[a - lo:b - lo] = length
+    # A layer for every state this kind of pool can show, present or not (an absent one holds no cell):
+    # the same traces at every step, so that a playing page repaints the cells of the trace it drew
+    # (ui.live_chart) instead of drawing a figure with other traces.
+    kinds = PAGED_STATES if paged else CONTIGUOUS_STATES
     layers = []
-    for code in np.unique(state):
+    for code in sorted(set(kinds) | set(np.unique(state).tolist())):
         s = SlotState(int(code))
         m = np.flatnonzero(state == code)
         t = _Template()
@@ -517,12 +525,14 @@ def cell_grid(width: int, rows: int) -> dict:
 
 def _trace(layer: _Layer, codes: np.ndarray, width: int, rows: int) -> dict:
     """A column-form heatmap of the layer's cells, padded with one off-screen point (x = width or
-    y = rows) per grid column and row it lacks, so that plotly lays it out on the common grid."""
+    y = rows) per grid column and row it lacks and one at (width, rows), so that plotly lays every
+    layer, at every step, on the same grid of width + 1 by rows + 1 (the last column and row off the
+    axes): a playing page repaints a layer's cells on the grid it drew (ui.live_chart)."""
     m = layer.members
     x, y = m % width, m // width
     miss_x = np.setdiff1d(np.arange(width), x)
     miss_y = np.setdiff1d(np.arange(rows), y)
-    pad = len(miss_x) + len(miss_y)
+    pad = len(miss_x) + len(miss_y) + 1
 
     def padded(a, fill=0):
         if a is None:
@@ -537,8 +547,8 @@ def _trace(layer: _Layer, codes: np.ndarray, width: int, rows: int) -> dict:
         custom = _small(np.concatenate([cols, np.zeros((pad, cols.shape[1]), dtype=np.int64)]))
     return dict(
         type="heatmap",
-        x=_small(np.concatenate([x, miss_x, np.full(len(miss_y), width)])),
-        y=_small(np.concatenate([y, np.full(len(miss_x), rows), miss_y])),
+        x=_small(np.concatenate([x, miss_x, np.full(len(miss_y) + 1, width)])),
+        y=_small(np.concatenate([y, np.full(len(miss_x), rows), miss_y, [rows]])),
         z=padded(codes[m]), text=padded(layer.text), hovertext=padded(layer.hovertext), customdata=custom,
         coloraxis="coloraxis", hovertemplate=layer.template + "<extra></extra>",
         hoverongaps=False, connectgaps=False, showlegend=False,

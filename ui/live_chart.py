@@ -267,8 +267,9 @@ function paintCells(c, fig) {
   return true;
 }
 
+// Draw the chart's last message again, by Plotly in full (a newer message, if one waits, instead).
 function redrawFully(c) {
-  if (!c.shown || !c.shown.msg) return;
+  if (!c.shown || !c.shown.msg || c.shown.base !== c.base) return;
   c.force = true;
   if (!c.next) c.next = c.shown.msg;
   if (!c.busy) { c.busy = true; draw(c); }

@@ -217,3 +217,33 @@ def test_the_bf16_setting_reaches_the_engine():
     assert [r.engine.source.dtype for r in runs] == [torch.bfloat16] * 2
     assert runs[0].engine.source.bytes_per_slot == 23_040  # SmolLM2's 46,080 B a token in fp32, halved
     assert at.radio(key="dtype").value == "bfloat16"
+
+
+def test_the_answers_table_is_read_once_a_second_while_playing(monkeypatch):
+    """*Reserve or page* with the real model: while playing, the answers table's rows are read again
+    at most once every ``ANSWERS_EVERY_S`` (the same rows, as the curves are held) though the runs
+    step on; paused, or for other runs, they are read at once."""
+    from types import SimpleNamespace
+
+    from ui.lessons import reserve_or_page as rop
+
+    clock = [50.0]
+    monkeypatch.setattr(rop, "st", SimpleNamespace(session_state={}))
+    monkeypatch.setattr(rop.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(rop, "tokenizer", lambda: SimpleNamespace(decode=lambda ids, skip_special_tokens: " ".join(map(str, ids))))
+    runs = [scripted_run("contiguous"), scripted_run("paged")]
+    for _ in range(3):
+        [r.engine.step(snapshot=False) for r in runs]
+    first = rop.answers(runs, held_s=rop.ANSWERS_EVERY_S)
+    assert [row["request"] for row in first] == [f"r{i:02d}" for i in range(PROMPTS)]
+    assert first[0]["paged"] and first[0]["paged"] == first[0]["contiguous"]  # the same scripted tokens
+    [r.engine.step(snapshot=False) for r in runs]
+    clock[0] += rop.ANSWERS_EVERY_S * 0.9
+    assert rop.answers(runs, held_s=rop.ANSWERS_EVERY_S) is first  # held: the runs stepped, the rows did not
+    now = rop.answers(runs, held_s=None)  # paused: read at once
+    assert now is not first and len(now[0]["paged"]) > len(first[0]["paged"])
+    clock[0] += rop.ANSWERS_EVERY_S * 0.5
+    assert rop.answers([runs[1]], held_s=rop.ANSWERS_EVERY_S) is not now  # other runs: their own rows
+    clock[0] += rop.ANSWERS_EVERY_S
+    later = rop.answers([runs[1]], held_s=rop.ANSWERS_EVERY_S)
+    assert later is not now and later == rop.answers([runs[1]], held_s=None)

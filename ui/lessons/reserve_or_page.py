@@ -2,6 +2,8 @@
 paged blocks. Both sides, their curves, the live text, the guide over explainer40, and the player."""
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from pagedkv_core.events import FINISH
@@ -140,12 +142,32 @@ def draw(runs: list[Run], step: int, *, conceal: bool = False, upto: int | None 
     if real:
         st.markdown(f"**SmolLM2's answers so far** (greedy, so both allocators produce the same text; each "
                     f"request may ask for up to {REAL_MAX_TOKENS} tokens, and that is what the contiguous side reserves)")
-        texts = {r.kind: live_texts(r, tokenizer()) for r in real}
-        paged = texts.get("paged") or next(iter(texts.values()))
-        contig = dict((rid, t) for rid, t, _ in texts.get("contiguous", []))
-        rows = [{"request": rid, "paged": text, "contiguous": contig.get(rid, ""), "status": why}
-                for rid, text, why in paged]
-        st.dataframe(rows, hide_index=True, width="stretch", height=300)
+        st.dataframe(answers(real, held_s=ANSWERS_EVERY_S if playing else None), hide_index=True, width="stretch",
+                     height=300)
+
+
+# While playing, the answers table is read again at most this often (seconds), as the curves are: a
+# table that changes by a token a request every step costs the server its decoding and the browser a
+# new grid every frame.
+ANSWERS_EVERY_S = 1.0
+_ANSWERS = "rop_answers_held"
+
+
+def answers(real: list[LiveRun], *, held_s: float | None = None) -> list[dict]:
+    """The live runs' answers so far, one row a request (its paged and contiguous text, and its
+    status); ``held_s``: the rows read less than this many seconds ago for the same runs are
+    returned as they were (the same list, so the table's data is the same)."""
+    now, who = time.monotonic(), tuple(id(r) for r in real)
+    held = st.session_state.get(_ANSWERS)
+    if held_s is not None and held is not None and held[1] == who and now - held[0] < held_s:
+        return held[2]
+    texts = {r.kind: live_texts(r, tokenizer()) for r in real}
+    paged = texts.get("paged") or next(iter(texts.values()))
+    contig = dict((rid, t) for rid, t, _ in texts.get("contiguous", []))
+    rows = [{"request": rid, "paged": text, "contiguous": contig.get(rid, ""), "status": why}
+            for rid, text, why in paged]
+    st.session_state[_ANSWERS] = (now, who, rows)
+    return rows
 
 
 FINISH_RANGES = [("sooner than the paged side", 1.0), ("up to 2× as many steps", 2.0),

@@ -234,6 +234,7 @@ function paintCells(c, fig) {
     const t = fig.data[i], grid = shown.grids[i];
     const img = groups.has(i) && groups.get(i).querySelector("image");
     if (t.type !== "heatmap" || t.coloraxis !== "coloraxis" || !grid || !img) return false;
+    if ((t.xaxis || "x") !== "x" || (t.yaxis || "y") !== "y") return false;  // the axes checked above only
     if (!/pixelated/.test(img.getAttribute("style") || "")) return false;  // not Plotly's "fast" drawing
     const now = evenGrid(t), z = numbers(t.z);
     if (!now || now.w !== grid.w || now.h !== grid.h || !z || z.length !== now.x.length) return false;

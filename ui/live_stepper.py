@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from pagedkv_core.record.recording import Recording
+from ui.runs.model import still_stepping
 
 ADVANCE_TIMEOUT_S = 60.0  # the longest a page waits for a step it asked for (a first prefill on a busy machine)
 
@@ -85,7 +86,7 @@ class LiveStepper:
         self.steps_taken = 0
 
     def _behind(self, step: int) -> list:
-        return [r for r in self.runs if r.engine is not None and not r.done and r.num_steps <= step]
+        return [r for r in self.runs if still_stepping(r) and r.num_steps <= step]
 
     def advance(self, to_step: int, *, ahead: int = 0, timeout: float = ADVANCE_TIMEOUT_S) -> bool:
         """Keep the runs stepping until each has recorded ``to_step + ahead`` (or ended), and

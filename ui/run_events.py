@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from pagedkv_core.events import ADMIT, CACHE_HIT, COW, FINISH, PREEMPT_RECOMPUTE, PREEMPT_SWAP, REJECT, SWAP_IN
 from ui.figures import series_color, vline
 from ui.pool_cells import REQUEST_COLORS
+from ui.runs.model import still_stepping
 
 EVENT_GROUPS: dict[str, tuple[str, ...]] = {
     "admission": (ADMIT,),
@@ -97,7 +98,7 @@ STRIP_CHUNK = 32
 def strip_extent(runs: Sequence, num_steps: int) -> int:
     """The steps the strip's axis spans: ``num_steps`` for recorded runs, rounded up to a whole
     number of :data:`STRIP_CHUNK` while any run is still stepping (the steps to come stay blank)."""
-    if any(getattr(r, "engine", None) is not None and not r.done for r in runs):
+    if any(still_stepping(r) for r in runs):
         return -(-max(num_steps, 1) // STRIP_CHUNK) * STRIP_CHUNK
     return num_steps
 

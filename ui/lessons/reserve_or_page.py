@@ -15,7 +15,7 @@ from ui.predict import Prediction, range_options
 from ui.lesson import Export, Lesson, sidebar_or_guided
 from ui.models import tokenizer
 from ui.runs.live import REAL_MAX_TOKENS, LiveRun, live_texts
-from ui.runs.model import Run, allocator_title
+from ui.runs.model import Run, allocator_title, still_stepping
 from ui.runs.scripted import scripted_pair
 from ui.runs.session import advance_live
 from ui.live_chart import show_chart
@@ -316,7 +316,7 @@ def explore(runs: list[Run]) -> None:
     if runs[0].label.startswith("trace"):
         st.info(f"Replaying {runs[0].label} ({runs[0].num_steps} steps). Remove the upload in the sidebar to run "
                 "the engine again.")
-    live = any(r.engine is not None and not r.done for r in runs)
+    live = any(still_stepping(r) for r in runs)
     player.controls(KEY, max(r.num_steps for r in runs), can_grow=live, runs=runs)
     for r in runs:
         if not r.done and r.engine is None:

@@ -50,6 +50,12 @@ def allocator_title(allocator: str, block_size: int = 1) -> str:
     return f"Contiguous ({BASELINE_LABELS.get(allocator, allocator)})"
 
 
+def still_stepping(run) -> bool:
+    """Whether ``run`` still steps: an engine records it and not every request has ended (a live
+    run while it runs; a recorded or finished run does not)."""
+    return getattr(run, "engine", None) is not None and not run.done
+
+
 def _snapshot_bytes(snap: StepSnapshot) -> int:
     return sum(getattr(snap, name).nbytes for name in ARRAY_FIELDS)
 

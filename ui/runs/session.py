@@ -16,7 +16,7 @@ from pagedkv_core.workloads.scenarios import Workload, workload_from_bytes
 from ui.live_stepper import LiveStepper
 from ui.runs.budgets import workload_bytes
 from ui.runs.live import LIVE_BATCH_TOKENS, LiveRun, after_live_step, check_live_fits, live_requests, start_live
-from ui.runs.model import BASELINE_LABELS, Run
+from ui.runs.model import BASELINE_LABELS, Run, still_stepping
 from ui.runs.uploaded import replay_trace
 from ui.workshop import check_upload
 
@@ -126,7 +126,7 @@ def advance_live(runs: list[LiveRun], to_step: int, *, ahead: int = 0) -> None:
     next frame is then usually computed already); Step asks for one more step and no lookahead;
     a lower step than before stops the stepping there. Shows st.warning if a step takes longer
     than the stepper's timeout; re-raises an error a step raised."""
-    if not any(r.engine is not None and not r.done for r in runs):
+    if not any(still_stepping(r) for r in runs):
         return
     if not _stepper(runs).advance(to_step, ahead=ahead):
         st.warning(f"SmolLM2 has not finished step {to_step} yet: the machine is busy. It keeps computing; "

@@ -150,8 +150,11 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
                 break
             assert time.monotonic() < deadline, f"only {len(seen)} different heatmaps in {len(samples)} samples"
             page.wait_for_timeout(SAMPLE_MS)
+        pool_hows = page.evaluate("() => window.__poolHows")  # the draws with no pointer over the pool
         # Under the pointer the pool is drawn by Plotly in full (its hover reads what it drew); away
-        # from it, its cells alone are repainted again. Each waits for two draws of the pool.
+        # from it, its cells alone are repainted again. Each waits for two draws of the pool, within a
+        # bound of its own (the sampling above may have used much of its own on a slow machine).
+        deadline = time.monotonic() + BOUND_S
         for where, expect in (("over", False), ("away", True)):
             if where == "over":
                 page.hover(CHART)
@@ -168,7 +171,6 @@ def test_a_playing_heatmap_stays_on_the_screen_and_changes_in_place():
         draws, repeats = page.evaluate("() => [window.__draws, window.__repeats]")
         strip_hows = page.evaluate("() => window.__stripHows")
         page.locator(PLAY).click()  # Pause
-        pool_hows = page.evaluate("() => window.__poolHows")
         redrawn = page.evaluate(REDRAWN)
         absent = [i for i, s in enumerate(samples) if not s["present"]]
         replaced = [i for i, s in enumerate(samples) if s["present"] and not s["same"]]

@@ -229,7 +229,7 @@ def test_the_answers_table_is_read_once_a_second_while_playing(monkeypatch):
 
     clock = [50.0]
     monkeypatch.setattr(rop, "st", SimpleNamespace(session_state={}))
-    monkeypatch.setattr(rop.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(rop, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock only
     monkeypatch.setattr(rop, "tokenizer", lambda: SimpleNamespace(decode=lambda ids, skip_special_tokens: " ".join(map(str, ids))))
     runs = [scripted_run("contiguous"), scripted_run("paged")]
     for _ in range(3):

@@ -69,16 +69,12 @@ PEAK_POLL_S = 0.2
 TARGETS = {"wall_s": 30.0, "peak_rss_mb": 400.0, "trace_mb": 150.0, "busy_steps_per_s": 5000.0}
 
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
-
-
 def cpu_info() -> dict:
     """The CPU's model name and the vector-ISA flags that matter here (the engine's own readers of
     /proc/cpuinfo: ``PAGEDKV_CPU_FLAGS`` narrows the flags as it does for the engine)."""
-    from pagedkv_core.sources.model import _cpuinfo_flags, cpu_model_name
+    from pagedkv_core.sources.model import cpu_isa_flags, cpu_model_name
 
-    flags = _cpuinfo_flags() or set()
-    return {"cpu_model": cpu_model_name(), "isa_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count()}
+    return {"cpu_model": cpu_model_name(), "isa_flags": cpu_isa_flags() or [], "cores": os.cpu_count()}
 
 
 def baseline_root(commit: str = BASELINE_COMMIT) -> Path | None:

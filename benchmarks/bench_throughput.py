@@ -265,16 +265,11 @@ def first_divergence(ours: list[list[int]], theirs: list[list[int]], eos) -> dic
     return None
 
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
-
-
 def cpu_description() -> str:
     """The CPU model, its cores and the SIMD flags that decide the forward's speed."""
-    from benchmarks.common import cpu_model
-    from pagedkv_core.sources.model import _cpuinfo_flags
+    from benchmarks.common import cpu_model, isa_flags
 
-    flags = _cpuinfo_flags() or set()
-    return f"{cpu_model()}, {os.cpu_count()} cores, " + " ".join(f for f in ISA_FLAGS if f in flags)
+    return f"{cpu_model()}, {os.cpu_count()} cores, " + " ".join(isa_flags() or [])
 
 
 def _stop_on_sigterm() -> None:

@@ -94,6 +94,13 @@ def cpu_model() -> str:
     return cpu_model_name() or platform.processor() or platform.machine()
 
 
+def isa_flags() -> list[str] | None:
+    """The CPU's vector-ISA flags that decide its fast paths (``ISA_FLAGS``), for a result's machine."""
+    from pagedkv_core.sources.model import cpu_isa_flags
+
+    return cpu_isa_flags()
+
+
 def _installed(dist: str) -> str | None:
     try:
         import importlib.metadata
@@ -109,6 +116,7 @@ def machine() -> dict:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {
         "cpu": cpu_model(),
+        "isa_flags": isa_flags(),
         "arch": platform.machine(),
         "cores": os.cpu_count(),
         "load_average_1min": round(load, 2) if load is not None else None,

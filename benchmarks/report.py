@@ -366,7 +366,9 @@ def _notes(name: str, r: dict) -> str | None:
         f" (see `benchmarks/results/{name}.json`)"
 
 
-def build_table(results: dict[str, dict], skipped: dict[str, str] | None = None, command: str = "python -m pagedkv_core bench") -> str:
+def build_table(results: dict[str, dict], skipped: dict[str, str] | None = None, command: str = "python -m pagedkv_core bench",
+                where: str = "benchmarks/results") -> str:
+    """The table and its notes; ``where``: the folder the results are in, as the text names it."""
     skipped = dict(skipped or {})
     names = [n for n in ORDER if n in results]  # other files in results/ are not benchmarks of this table
     dates = {n: str(results[n].get("date", "?")) for n in names}
@@ -385,7 +387,9 @@ def build_table(results: dict[str, dict], skipped: dict[str, str] | None = None,
         f"Latest benchmark figures ({latest[:10]}), measured with `{command}` "
         f"(results in `benchmarks/results/*.json`).",
         "",
-        f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores (shared with other jobs while measuring; "
+        f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"
+        + (f" (flags {' '.join(machine['isa_flags']) or 'none of the fast paths'})" if machine.get("isa_flags") is not None else "")
+        + f" (shared with other jobs while measuring; "
         f"1-minute load average {machine.get('load_average_1min', '?')}), {machine.get('platform', '?')}, "
         f"Python {machine.get('python', '?')}, torch {machine.get('torch', '?')} on **one torch thread** "
         f"(`torch.set_num_threads(1)`, for stable figures). Model: SmolLM2-135M-Instruct, fp32, CPU. "
@@ -397,12 +401,16 @@ def build_table(results: dict[str, dict], skipped: dict[str, str] | None = None,
     if notes:
         foot += ["Missed targets, and what limits them:", ""] + [f"- {n}" for n in notes] + [""]
     foot += ["Measured at: " + ", ".join(f"{n} {d}" for n, d in dates.items()) + "."]
-    return "\n".join(head + lines + foot) + "\n"
+    return ("\n".join(head + lines + foot) + "\n").replace("`benchmarks/results/", f"`{where}/")
 
 
 def write_table(results_dir: Path = RESULTS, out: Path = TABLE, skipped: dict[str, str] | None = None,
                 command: str = "python -m pagedkv_core bench") -> Path:
-    text = build_table(load_results(results_dir), skipped, command)
+    try:
+        where = Path(results_dir).resolve().relative_to(RESULTS.parent.parent).as_posix()
+    except ValueError:  # a folder outside the project: named as given
+        where = str(results_dir)
+    text = build_table(load_results(results_dir), skipped, command, where)
     out.write_text(text)
     return out
 

@@ -120,8 +120,7 @@ def pytest_sessionfinish(session):
 # model, cores and the flags our fast paths need) and each test file's time and worker, so a slow
 # machine or a skipped path shows in the log. Under xdist the reports reach the controller, which
 # prints; each report's ``node`` names its worker.
-CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
-             "amx_bf16", "amx_int8")
+from pagedkv_core.sources.model import ISA_FLAGS as CPU_FLAGS  # noqa: E402
 _FILE_TIMES: dict[str, list] = {}  # file -> [seconds, tests, workers]
 
 

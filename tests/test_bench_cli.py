@@ -52,6 +52,12 @@ def test_quick_simulator_and_allocation_write_results(tmp_path):
     assert "| Benchmark | Measured | Target | Result |" in table and "simulator" in table
     assert "python -m pagedkv_core bench" in table and "one torch thread" in table
     assert "skipped" in table  # GPU row without GPU results
+    assert f"results in `{tmp_path}/*.json`" in table and "`benchmarks/results/" not in table  # its own folder
+    from pagedkv_core.sources.model import cpu_isa_flags
+
+    if cpu_isa_flags() is not None:  # the machine line names the CPU's fast-path flags
+        assert sim["machine"]["isa_flags"] == cpu_isa_flags()
+        assert f"(flags {' '.join(cpu_isa_flags()) or 'none of the fast paths'})" in table
     assert "simulator" in proc.stdout and "allocation" in proc.stdout
     assert not (tmp_path / "throughput.json").exists()
 

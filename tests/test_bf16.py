@@ -62,6 +62,22 @@ def test_cpu_flags_env_hides_flags_and_never_adds_one(monkeypatch):
     assert model_pkg.cpu_supports_bf16() is True
 
 
+def test_isa_flags_reported_in_order_and_narrowed(monkeypatch):
+    """What a benchmark's machine and the test run's machine line report: the fast paths' flags the
+    CPU has, in ISA_FLAGS order, other flags left out, narrowed by PAGEDKV_CPU_FLAGS; None without
+    /proc/cpuinfo."""
+    from benchmarks.common import machine
+
+    monkeypatch.setattr(model_pkg, "_proc_cpuinfo_flags", lambda: {"sse2", "avx512_bf16", "fma", "avx2", "avx512f"})
+    monkeypatch.delenv(model_pkg.CPU_FLAGS_ENV, raising=False)
+    assert model_pkg.cpu_isa_flags() == ["avx2", "fma", "avx512f", "avx512_bf16"]
+    assert machine()["isa_flags"] == ["avx2", "fma", "avx512f", "avx512_bf16"]
+    monkeypatch.setenv(model_pkg.CPU_FLAGS_ENV, "avx2 fma")
+    assert model_pkg.cpu_isa_flags() == ["avx2", "fma"]
+    monkeypatch.setattr(model_pkg, "_proc_cpuinfo_flags", lambda: None)
+    assert model_pkg.cpu_isa_flags() is None
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """The first position where the two token lists differ (None: one is a prefix of the other)."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)

@@ -5,6 +5,10 @@ import os
 
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 CPU_FLAGS_ENV = "PAGEDKV_CPU_FLAGS"
+# The vector-ISA flags that decide the CPU's fast paths (oneDNN's GEMM kernels, native bf16), as
+# /proc/cpuinfo names them: what a test run's machine line and a benchmark's result report.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+             "amx_bf16", "amx_int8")
 
 
 def _cpuinfo_flags() -> set[str] | None:
@@ -30,6 +34,13 @@ def _proc_cpuinfo_flags() -> set[str] | None:
     except OSError:
         return None
     return None
+
+
+def cpu_isa_flags() -> list[str] | None:
+    """Which of :data:`ISA_FLAGS` this CPU has, in that order (narrowed by ``PAGEDKV_CPU_FLAGS`` as
+    for the engine); None where there is no ``/proc/cpuinfo``."""
+    flags = _cpuinfo_flags()
+    return None if flags is None else [f for f in ISA_FLAGS if f in flags]
 
 
 def cpu_model_name() -> str:

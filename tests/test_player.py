@@ -202,6 +202,9 @@ def test_the_rate_shown_is_the_rate_achieved(monkeypatch):
     assert player.achieved_rate("k") == pytest.approx(2.0)
     player.st.session_state["k_speed"] = 10
     assert "machine-bound" in player.rate_text("k") and "2 steps/s" in player.rate_text("k")
+    assert "this machine draws no faster" in player.rate_text("k")
+    # a live run computes its steps as it plays: the machine's computing bounds it too
+    assert "this machine computes and draws the steps no faster" in player.rate_text("k", computing=True)
 
 
 def test_a_playing_chart_keeps_its_element_and_gets_the_new_figure():

@@ -314,9 +314,10 @@ def achieved_rate(key: str) -> float | None:
     return (frames[-1][1] - frames[0][1]) / (frames[-1][0] - frames[0][0])
 
 
-def rate_text(key: str) -> str:
+def rate_text(key: str, computing: bool = False) -> str:
     """The line under the step slider: the rate achieved while playing (and whether the machine
-    sets it), else how Play moves."""
+    sets it), else how Play moves. ``computing``: the steps are computed as they play (a live
+    run still stepping), so a machine-bound rate is the machine's computing as well as its drawing."""
     asked = speed(key)
     if not is_playing(key):
         end = _state(key).get("end")
@@ -328,7 +329,8 @@ def rate_text(key: str) -> str:
         return f"Playing at up to {rate_label(asked)}."
     text = f"Playing at {rate_label(round(rate, 1))}"
     if rate < MACHINE_BOUND * asked:
-        return text + f" (machine-bound: this machine draws no faster; Speed asks for {rate_label(asked)})."
+        what = "computes and draws the steps" if computing else "draws"
+        return text + f" (machine-bound: this machine {what} no faster; Speed asks for {rate_label(asked)})."
     return text + "."
 
 
@@ -344,7 +346,9 @@ def slider(key: str, num_steps: int, runs=None) -> int:
     # After the slider, so that a request carrying this pause's number carries the paused step too.
     st.session_state[_seen_key(key)] = str(_state(key).get("pauses", 0))
     st.text_input("Pause drawn", key=_seen_key(key), label_visibility="collapsed")  # hidden (ui.layout)
-    st.caption(rate_text(key))
+    from ui.runs.model import still_stepping
+
+    st.caption(rate_text(key, computing=any(still_stepping(r) for r in runs or ())))
     if runs:
         fig = run_events.event_strip(runs, num_steps, value, run_events.strip_extent(runs, num_steps))
         show_chart(fig, f"{key}_events", config=export.png_config(f"{key}-events"))

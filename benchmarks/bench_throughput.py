@@ -267,9 +267,10 @@ def first_divergence(ours: list[list[int]], theirs: list[list[int]], eos) -> dic
 
 def cpu_description() -> str:
     """The CPU model, its cores and the SIMD flags that decide the forward's speed."""
-    from benchmarks.common import cpu_model, isa_flags
+    from benchmarks.common import cpu_model
+    from pagedkv_core.sources.model import cpu_isa_flags
 
-    return f"{cpu_model()}, {os.cpu_count()} cores, " + " ".join(isa_flags() or [])
+    return f"{cpu_model()}, {os.cpu_count()} cores, " + " ".join(cpu_isa_flags() or [])
 
 
 def _stop_on_sigterm() -> None:

@@ -94,13 +94,6 @@ def cpu_model() -> str:
     return cpu_model_name() or platform.processor() or platform.machine()
 
 
-def isa_flags() -> list[str] | None:
-    """The CPU's vector-ISA flags that decide its fast paths (``ISA_FLAGS``), for a result's machine."""
-    from pagedkv_core.sources.model import cpu_isa_flags
-
-    return cpu_isa_flags()
-
-
 def _installed(dist: str) -> str | None:
     try:
         import importlib.metadata
@@ -112,11 +105,13 @@ def _installed(dist: str) -> str | None:
 
 def machine() -> dict:
     """The machine a result was measured on. torch figures only when this process uses torch."""
+    from pagedkv_core.sources.model import cpu_isa_flags
+
     torch = sys.modules.get("torch")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {
         "cpu": cpu_model(),
-        "isa_flags": isa_flags(),
+        "isa_flags": cpu_isa_flags(),
         "arch": platform.machine(),
         "cores": os.cpu_count(),
         "load_average_1min": round(load, 2) if load is not None else None,

@@ -207,6 +207,21 @@ def test_the_rate_shown_is_the_rate_achieved(monkeypatch):
     assert "this machine computes and draws the steps no faster" in player.rate_text("k", computing=True)
 
 
+def test_a_run_computed_as_it_plays_ticks_at_most_every_live_tick(monkeypatch):
+    """A live run's steps and the browser's frames share the cores: while it computes, the page
+    ticks no faster than LIVE_TICK_S, and each frame shows every step computed since the last;
+    a slow speed (a projector's 1 step/s) still ticks once a step."""
+    state = {"playing": False}
+    monkeypatch.setattr(player, "_state", lambda key: state)
+    monkeypatch.setattr(player.st, "session_state", {"k_step": 0, "k_speed": 10})
+    assert player.interval("k") is None and player.interval("k", computing=True) is None  # paused
+    player.start("k")
+    assert player.interval("k") == player.MIN_INTERVAL_S == 0.2
+    assert player.interval("k", computing=True) == player.LIVE_TICK_S == 0.5
+    player.st.session_state["k_speed"] = 1
+    assert player.interval("k") == player.interval("k", computing=True) == 1.0
+
+
 def test_a_playing_chart_keeps_its_element_and_gets_the_new_figure():
     """Each frame of a playing chart goes to the element drawn before (its id is its key alone), with
     the new figure: the browser updates the chart in place (ui/live_chart.py). st.plotly_chart could

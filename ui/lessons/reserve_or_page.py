@@ -322,7 +322,7 @@ def explore(runs: list[Run]) -> None:
         if not r.done and r.engine is None:
             st.warning(f"The {r.label} run was cut short after {r.num_steps} steps.")
 
-    @st.fragment(run_every=player.interval(KEY))
+    @st.fragment(run_every=player.interval(KEY, computing=live))
     def show() -> None:
         if live:  # the engines step on their own thread; this asks for the steps to show next
             shown, playing = int(st.session_state.get(f"{KEY}_step", 0)), player.is_playing(KEY)

@@ -208,9 +208,10 @@ def test_the_rate_shown_is_the_rate_achieved(monkeypatch):
 
 
 def test_a_run_computed_as_it_plays_ticks_at_most_every_live_tick(monkeypatch):
-    """A live run's steps and the browser's frames share the cores: while it computes, the page
-    ticks no faster than LIVE_TICK_S, and each frame shows every step computed since the last;
-    a slow speed (a projector's 1 step/s) still ticks once a step."""
+    """A live run's steps and the browser's frames share the cores: while it computes at a speed
+    whose frames skip steps anyway (above 5 steps/s), the page ticks no faster than LIVE_TICK_S,
+    and each frame shows every step computed since the last; at 5 steps/s or fewer (a
+    projector's 1 step/s) every step keeps its frame."""
     state = {"playing": False}
     monkeypatch.setattr(player, "_state", lambda key: state)
     monkeypatch.setattr(player.st, "session_state", {"k_step": 0, "k_speed": 10})
@@ -218,6 +219,10 @@ def test_a_run_computed_as_it_plays_ticks_at_most_every_live_tick(monkeypatch):
     player.start("k")
     assert player.interval("k") == player.MIN_INTERVAL_S == 0.2
     assert player.interval("k", computing=True) == player.LIVE_TICK_S == 0.5
+    player.st.session_state["k_speed"] = 50
+    assert player.interval("k") == 0.2 and player.interval("k", computing=True) == 0.5
+    player.st.session_state["k_speed"] = 5
+    assert player.interval("k") == player.interval("k", computing=True) == 0.2
     player.st.session_state["k_speed"] = 1
     assert player.interval("k") == player.interval("k", computing=True) == 1.0
 

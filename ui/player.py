@@ -6,11 +6,11 @@ Speed. A redraw of a page with two heatmaps takes a good part of a second in a b
 playing at 50 steps per second cannot draw every step. The fragment ticks at most
 ``1 / MIN_INTERVAL_S`` times a second, and each new frame advances as many steps as the wall time
 since the last one is worth at the chosen speed (:func:`steps_per_tick`): the frames that drawing
-cannot keep up with are skipped. A run computed as it plays (the real model) ticks at most every
-:data:`LIVE_TICK_S`: its steps and the browser's frames share the cores, and fewer frames leave
-more of them to the model (each frame shows every step computed since the last). The rate the page
-really achieves is shown under the step slider (:func:`achieved_rate`), with a note when the
-machine, not the control, sets it.
+cannot keep up with are skipped. Above ``1 / MIN_INTERVAL_S`` steps a second, a run computed as it
+plays (the real model) ticks at most every :data:`LIVE_TICK_S`: its steps and the browser's frames
+share the cores, and fewer frames leave more of them to the model (each frame shows every step
+computed since the last). The rate the page really achieves is shown under the step slider
+(:func:`achieved_rate`), with a note when the machine, not the control, sets it.
 
 Frames in flight: one. The browser's timer asks for a tick every interval whether or not it has
 drawn the last frame, and every request carries the step slider where the browser last drew it.
@@ -60,7 +60,8 @@ RECENT_DRAWN = 4
 # (measured: up to about 2 s, in a Chromium slowed 3x beside a classroom load test); one that never
 # reports it (the frame was lost on its way, or dropped) must not stop the playback.
 HOLD_S = 3.0
-# The shortest tick while a run is computed as it plays (the real model): the model's steps and
+# The shortest tick while a run is computed as it plays (the real model) at a speed whose frames
+# skip steps anyway (above 1 / MIN_INTERVAL_S steps a second; the default is 10): the model's steps and
 # the browser's drawing share the cores, so a frame for every step as soon as it is computed costs
 # the next steps their time. Measured with `bench live` on the 2-core AVX2 machine (README, *live*):
 # a frame a step played 3.1 steps a second; a frame every half second, 4.9-5.4 (2 frames a second).
@@ -227,7 +228,7 @@ def controls(key: str, num_steps: int, *, can_grow: bool = False, runs=None) -> 
                          format_func=rate_label, width=160,
                          help="How fast Play moves through the run, in steps per second. Above about 5 steps per "
                               "second the page cannot redraw every step, so it skips the ones it has no time to "
-                              "draw. While the real model computes the run as it plays, the page draws at most "
+                              "draw; there, while the real model computes the run as it plays, the page draws at most "
                               f"{1 / LIVE_TICK_S:g} frames a second, each with every step computed since, so that "
                               "drawing leaves the cores to the model. A machine that cannot keep up plays slower "
                               "than asked: the rate achieved is shown under the step slider.")
@@ -258,12 +259,15 @@ def start(key: str) -> None:
 
 def interval(key: str, computing: bool = False):
     """``run_every`` for the page's fragment: the tick interval while playing, None when paused.
-    ``computing``: the page plays a run computed as it plays (a live run still stepping): at
-    least :data:`LIVE_TICK_S`, each frame showing every step computed since the last."""
+    ``computing``: the page plays a run computed as it plays (a live run still stepping): at a
+    speed whose frames skip steps anyway (above ``1 / MIN_INTERVAL_S`` steps a second), at least
+    :data:`LIVE_TICK_S`, each frame showing every step computed since the last; at 5 steps a
+    second or fewer every step keeps its frame."""
     if not is_playing(key):
         return None
-    every = tick_interval(speed(key))
-    return max(every, LIVE_TICK_S) if computing else every
+    asked = speed(key)
+    every = tick_interval(asked)
+    return max(every, LIVE_TICK_S) if computing and asked * MIN_INTERVAL_S > 1 else every
 
 
 def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:

@@ -50,6 +50,26 @@ from .record.pool_view import PoolView
 from .record.snapshot import StepSnapshot, seq_arrays, take_snapshot
 
 
+@dataclasses.dataclass(frozen=True)
+class StartedStep:
+    """A step between :meth:`Engine.start_step` and :meth:`Engine.finish_step`: its index, the
+    scheduler's plan, and whether a snapshot was asked for."""
+
+    step: int
+    plan: object  # the scheduler's plan: its batch, events and what complete() needs
+    snapshot: bool
+
+    @property
+    def batch(self):
+        return self.plan.batch
+
+    @property
+    def executes(self) -> bool:
+        """Whether the source has work in this step: sequences, swaps or copies."""
+        b = self.plan.batch
+        return bool(b.num_seqs or b.swap_out or b.swap_in or b.copies)
+
+
 _INDEX = operator.attrgetter("index")  # requests in submission order
 _REQUEST, _SEQ_ID = operator.attrgetter("request"), operator.attrgetter("seq_id")
 _FINISHED = int(SequenceStatus.FINISHED)
@@ -264,6 +284,21 @@ class Engine:
         :class:`StepSnapshot` (with a recording attached, the step is recorded either way).
         ``outputs=False``: a caller that reads no outputs (a replay) gets ``[]``; the step is the
         same (finished requests are counted, and forgotten under :meth:`feed`)."""
+        started = self.start_step(snapshot)
+        results: dict[int, list[int]] = {}
+        execute_s = 0.0
+        if started.executes:
+            t0 = time.perf_counter()
+            results = self.source.execute(started.batch)
+            execute_s = time.perf_counter() - t0
+        return self.finish_step(started, results, execute_s, outputs)
+
+    def start_step(self, snapshot: bool = True) -> "StartedStep":
+        """The first half of :meth:`step`: arrivals and the schedule. Its batch
+        (``StartedStep.batch``, when ``executes``) goes to the source; :meth:`finish_step` takes
+        the source's answer. For a caller that runs several engines' batches at once
+        (:meth:`pagedkv_core.sources.model.runner.ModelRunner.execute_together`); :meth:`step` is
+        the two halves with this engine's source between them."""
         if snapshot and self.view is None:
             raise ValueError("this engine keeps no pool view (snapshots=False, no recording): call step(snapshot=False)")
         step = self.step_index
@@ -275,14 +310,18 @@ class Engine:
             self._pull_feed(step)
         while self._pending and self._pending[0][0] <= step:
             self._arrive(heapq.heappop(self._pending)[2])
-        plan = sched.schedule(step)
+        return StartedStep(step, sched.schedule(step), snapshot)
+
+    def finish_step(self, started: "StartedStep", results: dict[int, list[int]], execute_s: float = 0.0,
+                    outputs: bool = True) -> tuple[list[RequestOutput], StepSnapshot | None]:
+        """The second half of :meth:`step`: the source's ``results`` for the started step's batch
+        (seq id -> new tokens; ``{}`` when it ``executes`` nothing), ``execute_s`` the seconds
+        they took. Returns what :meth:`step` returns."""
+        step, plan, snapshot = started.step, started.plan, started.snapshot
+        if step != self.step_index:
+            raise RuntimeError(f"finish_step for step {step}, but the engine is at step {self.step_index}")
+        sched = self.scheduler
         batch = plan.batch
-        execute_s = 0.0
-        results: dict[int, list[int]] = {}
-        if batch.num_seqs or batch.swap_out or batch.swap_in or batch.copies:
-            t0 = time.perf_counter()
-            results = self.source.execute(batch)
-            execute_s = time.perf_counter() - t0
         counts, after = sched.complete(plan, results)
         if not batch.num_seqs and not sched.touched and sched.has_work() and not self._pending:
             raise RuntimeError(f"engine made no progress at step {step}: {sched.waiting[:3]} {sched.swapped[:3]}")

@@ -5,11 +5,12 @@ A page that played a live pair used to step both engines, one after the other, i
 fragment, and draw only then: every frame paid for two forwards and the figures in turn. A
 :class:`LiveStepper` instead keeps its runs stepping on a thread of its own, up to the step the
 page asked for (:meth:`LiveStepper.advance`: the step it wants to show next, plus a lookahead),
-and the page draws whatever is recorded by then. Each step runs the forwards of all its engines
-at once on :func:`forward_pool`, a process-wide pool with one worker per core: torch releases
-the GIL inside its kernels, so two forwards use two cores, and however many sessions play at
-once, no more forwards run than there are cores (each on the threads its engine's share of the
-cores allows, see :class:`ui.models.CoreShare`).
+and the page draws whatever is recorded by then. Each step is a task on :func:`forward_pool`, a
+process-wide pool with one worker per core: the page's engines step in lockstep, their forwards
+as one (``together``, :func:`ui.models.step_together`: the model's weights read once a step for
+both), and torch releases the GIL inside its kernels, so however many sessions play at once, no
+more forwards run than there are cores (each on the threads its share of the cores allows, see
+:class:`ui.models.CoreShare`). Without ``together`` each engine's step is a task of its own.
 
 The stepping thread exists only while there is work: it ends when every run has reached the step
 asked for (a paused player, a closed tab) or has ended, so an abandoned session costs at most its
@@ -74,11 +75,16 @@ class LiveStepper:
     """Steps ``runs`` (live :class:`ui.runs.live.LiveRun` objects: an ``engine`` while they run) ahead of
     the page. ``after_step(runs)`` is called on the stepping thread after every step of the
     group (it finishes the runs that ended and stops those past their memory budget; it must not
-    touch Streamlit). A run steps while ``run.engine`` is set and ``run.done`` is false."""
+    touch Streamlit). A run steps while ``run.engine`` is set and ``run.done`` is false.
+    ``together(engines)``, if given, steps several engines at once, as one task on the forward
+    pool (:func:`ui.models.step_together`: their forwards as one); without it each engine's step
+    is a task of its own, side by side."""
 
-    def __init__(self, runs: list, after_step: Callable[[list], None]):
+    def __init__(self, runs: list, after_step: Callable[[list], None],
+                 together: Callable[[list], None] | None = None):
         self.runs = list(runs)
         self._after_step = after_step
+        self._together = together  # steps several engines at once (their forwards as one), if given
         self._cond = threading.Condition()
         self._target = -1  # the last step the runs should record
         self._thread: threading.Thread | None = None
@@ -134,7 +140,10 @@ class LiveStepper:
                         self._thread = None
                         self._cond.notify_all()
                         return
-                futures = [pool.submit(run.engine.step, snapshot=False) for run in todo]
+                if self._together is not None and len(todo) > 1:
+                    futures = [pool.submit(self._together, [run.engine for run in todo])]
+                else:
+                    futures = [pool.submit(run.engine.step, snapshot=False) for run in todo]
                 errors = [f.exception() for f in futures]
                 self.steps_taken += 1
                 first_error = next((e for e in errors if e is not None), None)

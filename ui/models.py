@@ -5,9 +5,10 @@ This module caches resources and shows load progress; it never allocates KV memo
 engine (``pagedkv_core``) does that, and the pages only read its snapshots.
 
 Cores. Every engine made here runs its forwards on its share of the cores (:class:`CoreShare`):
-torch's default is every core for every thread that runs a forward, so two sessions (or the
-two engines of one live pair) stepping at once would run twice as many threads as there are
-cores, and each would wait on the other mid-GEMM.
+torch's default is every core for every thread that runs a forward, so two sessions stepping at
+once would run twice as many threads as there are cores, and each would wait on the other
+mid-GEMM. The two engines of a live pair step in lockstep (:func:`step_together`): one forward
+for both, on one engine's share.
 
 Precision. The sidebar may ask for bf16 (:func:`runner_dtype`) where the CPU computes it natively
 (AVX512-BF16 or AMX); fp32 stays the default, because the tests that compare with transformers
@@ -162,6 +163,38 @@ class CoreSharingSource:
         if name.startswith("__") or name in ("_runner", "_share"):
             raise AttributeError(name)
         return getattr(self._runner, name)
+
+    @staticmethod
+    def execute_together(sources: list["CoreSharingSource"], batches: list) -> list[dict]:
+        """The batches of ``sources`` (engines made from one model) as one forward
+        (:meth:`~pagedkv_core.sources.model.runner.ModelRunner.execute_together`), on one engine's
+        share of the cores (each still counts as an engine stepping): a live pair alone on two
+        cores runs its forward on one thread and leaves the other core to the page's drawing. Two
+        threads there ran slower, each waiting at the GEMMs' barriers while the browser held the
+        other core (measured: README, *live*)."""
+        import torch
+
+        threads = min(s._share.threads_for(s) for s in sources)
+        torch.set_num_threads(threads)
+        for source in sources:
+            source.threads_used = threads
+        return type(sources[0]._runner).execute_together([(s._runner, b) for s, b in zip(sources, batches)])
+
+
+def step_together(engines: list[Engine]) -> None:
+    """One step of each of ``engines`` (a live group, on the stepping thread): where every source
+    is a :class:`CoreSharingSource` over runners of one model, their forwards run as one
+    (:func:`pagedkv_core.lockstep.step_together`: the weights read once a step, each engine's
+    tokens the same); otherwise each steps in turn."""
+    sources = [e.source for e in engines]
+    if len(engines) > 1 and all(isinstance(s, CoreSharingSource) for s in sources) and \
+            all(s._runner.model is sources[0]._runner.model for s in sources):
+        from pagedkv_core.lockstep import step_together as lockstep
+
+        lockstep(engines, CoreSharingSource.execute_together)
+        return
+    for engine in engines:
+        engine.step(snapshot=False)
 
 
 @dataclass(frozen=True)

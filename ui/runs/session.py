@@ -112,9 +112,10 @@ def _stepper(runs: list[LiveRun]) -> LiveStepper:
     if held is None or len(held.runs) != len(runs) or any(a is not b for a, b in zip(held.runs, runs)):
         if held is not None:
             held.cancel()
-        from ui.models import tokenizer
+        from ui.models import step_together, tokenizer
 
-        held = LiveStepper(runs, functools.partial(after_live_step, budget=session_budget(), tokenizer=tokenizer()))
+        held = LiveStepper(runs, functools.partial(after_live_step, budget=session_budget(), tokenizer=tokenizer()),
+                           together=step_together)
         st.session_state["_live_stepper"] = held
     return held
 

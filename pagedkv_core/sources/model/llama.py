@@ -22,6 +22,10 @@ the runner; prefill tokens come first in the flattened batch, decode tokens afte
 * decode (one new token per sequence): one paged decode attention over the block tables and
   context lengths of all decoding sequences at once (Triton on CUDA, PyTorch reference on CPU).
 
+:meth:`LlamaModel.forward_parts` runs the batches of several engines (each with its own pools and
+metadata) as one forward: the matmuls over all their rows at once, each part's K/V writes and
+attention on its own pools; :meth:`LlamaModel.forward` is its one-part case.
+
 Everything the layers share is prepared once per step, not once per layer: the rotary rows of the
 step's positions, the slot-mapping scatter and the decode attention's gather indices and padding
 mask (``kernels.cache_writer`` and ``kernels.decode_attention`` validate and build them in the
@@ -131,6 +135,32 @@ class AttentionMetadata:
     @property
     def num_decode_tokens(self) -> int:
         return 0 if self.decode_context_lens is None else int(self.decode_context_lens.shape[0])
+
+
+@dataclass
+class BatchPart:
+    """One engine's share of a forward over several engines' batches
+    (:meth:`LlamaModel.forward_parts`): rows ``[start, stop)`` of the flattened batch (its prefill
+    tokens first, then its decodes), their attention metadata, and that engine's KV pools."""
+
+    start: int
+    stop: int
+    meta: AttentionMetadata
+    k_pools: list[torch.Tensor]
+    v_pools: list[torch.Tensor]
+
+
+class _PartStep:
+    """A part's per-step kernels, built once for the 30 layers: its slot-mapping scatter and,
+    when it decodes, its decode attention over its block tables."""
+
+    def __init__(self, part: BatchPart, total_rows: int):
+        meta = part.meta
+        self.part = part
+        self.write_kv = kernels.cache_writer(meta.slot_mapping)
+        decodes = part.stop - part.start > meta.num_prefill_tokens
+        self.attend = kernels.decode_attention(meta.decode_block_tables, meta.decode_context_lens) if decodes else None
+        self.decode_only = decodes and not meta.num_prefill_tokens and part.stop - part.start == total_rows
 
 
 def _rope_inv_freq(config) -> tuple[torch.Tensor, float]:
@@ -306,42 +336,37 @@ class LlamaModel:
         indices; all ``T`` of them means every row, taken without a copy), in the model's dtype:
         bf16 and fp16 widen to fp32 exactly, so the sampler converts only the rows it draws from
         (a greedy pick is the same on either) instead of the whole [rows, vocab] block."""
+        part = BatchPart(0, int(input_ids.shape[0]), meta, k_pools, v_pools)
+        return self.forward_parts(input_ids, positions, [part], sample_rows)
+
+    def forward_parts(self, input_ids: torch.Tensor, positions: torch.Tensor, parts: list["BatchPart"],
+                      sample_rows: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` over the batches of several engines at once (each a :class:`BatchPart`:
+        its rows of ``input_ids``, its attention metadata and its own KV pools): every matmul runs
+        once over all their rows, so the weights are read once a step instead of once an engine;
+        each part's K/V writes and attention use its own pools. A row's logits are the same, bit
+        for bit, as in a forward of its part alone (the oneDNN matmuls compute each row the same
+        whatever the rows beside it; ``tests/test_forward_together.py``)."""
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         T = input_ids.shape[0]
-        P = meta.num_prefill_tokens
-        bs = meta.block_size
-        dbs = meta.decode_block_size or bs
         # (the caller makes sure the rotary table covers every position: ensure_rope)
         cos = self._cos.index_select(0, positions)[:, None, :]
         sin = self._sin_signed.index_select(0, positions)[:, None, :]
         h = F.embedding(input_ids, self.embed)
         q_size, kv_size = H * D, Hkv * D
-        # the step's indices, validated and built once for all layers
-        write_kv = kernels.cache_writer(meta.slot_mapping)
-        attend = kernels.decode_attention(meta.decode_block_tables, meta.decode_context_lens) if T > P else None
+        # each part's indices, validated and built once for all layers
+        steps = [_PartStep(part, T) for part in parts]
+        alone = len(steps) == 1 and steps[0].decode_only  # its attention's own output, no copy
         for li, lw in enumerate(self.layers):
-            k_flat, v_flat = k_pools[li], v_pools[li]
-            usable = (k_flat.shape[0] // bs) * bs
-            k_cache = k_flat[:usable].view(-1, bs, Hkv, D)
-            v_cache = v_flat[:usable].view(-1, bs, Hkv, D)
-
             x = self._rms_norm(h, lw.input_norm)
             qkv = lw.qkv(x)
             # rotary embedding on the query and key heads together (one set of elementwise ops)
             qk = self._rotate(qkv[:, : q_size + kv_size].view(T, H + Hkv, D), cos, sin)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, q_size + kv_size :].view(T, Hkv, D)
-            write_kv(k, v, k_cache, v_cache)
-
-            if dbs != bs:
-                k_cache, v_cache = k_flat.view(-1, dbs, Hkv, D), v_flat.view(-1, dbs, Hkv, D)
-            if attend is not None and not P:  # decode only: the attention's own output, no copy
-                attn = attend(q, k_cache, v_cache, self.scale)
-            else:
-                attn = torch.empty((T, H, D), device=h.device, dtype=h.dtype)
-                attn[:P] = self._prefill_attention(q[:P], k[:P], v[:P], k_flat, v_flat, meta)
-                if attend is not None:
-                    attend(q[P:], k_cache, v_cache, self.scale, attn[P:])
+            attn = None if alone else torch.empty((T, H, D), device=h.device, dtype=h.dtype)
+            for ps in steps:
+                attn = self._part_attention(ps, li, q, k, v, attn)
             h = lw.o.add(attn.reshape(T, H * D), h)
 
             x = self._rms_norm(h, lw.post_norm)
@@ -353,6 +378,31 @@ class LlamaModel:
             h = h.index_select(0, sample_rows)
         h = self._rms_norm(h, self.final_norm)
         return self.lm_head(h)
+
+    def _part_attention(self, ps: "_PartStep", li: int, q, k, v, attn):
+        """Layer ``li``'s K/V writes and attention for one part's rows; returns ``attn`` with its
+        rows filled (or, given None, the attention's own output for a lone decode-only part)."""
+        Hkv, D = self.num_kv_heads, self.head_dim
+        part, meta = ps.part, ps.part.meta
+        rows = slice(part.start, part.stop)
+        q, k, v = q[rows], k[rows], v[rows]
+        P, bs = meta.num_prefill_tokens, meta.block_size
+        dbs = meta.decode_block_size or bs
+        k_flat, v_flat = part.k_pools[li], part.v_pools[li]
+        usable = (k_flat.shape[0] // bs) * bs
+        k_cache = k_flat[:usable].view(-1, bs, Hkv, D)
+        v_cache = v_flat[:usable].view(-1, bs, Hkv, D)
+        ps.write_kv(k, v, k_cache, v_cache)
+        if dbs != bs:
+            k_cache, v_cache = k_flat.view(-1, dbs, Hkv, D), v_flat.view(-1, dbs, Hkv, D)
+        if attn is None:
+            return ps.attend(q, k_cache, v_cache, self.scale)
+        out = attn[rows]
+        if P:
+            out[:P] = self._prefill_attention(q[:P], k[:P], v[:P], k_flat, v_flat, meta)
+        if ps.attend is not None:
+            ps.attend(q[P:], k_cache, v_cache, self.scale, out[P:])
+        return attn
 
     def _prefill_attention(self, q, k, v, k_flat, v_flat, meta: AttentionMetadata) -> torch.Tensor:
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim

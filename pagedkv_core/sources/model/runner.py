@@ -11,6 +11,8 @@ the same memory and the same forward.
 (device -> host, ``kernels.swap_blocks``), swap-in (host -> device), copy-on-write
 (``kernels.copy_blocks``), then one forward over every sequence of the step (prefill chunks and
 decodes mixed, see :mod:`pagedkv_core.sources.model.llama`) and the sampler.
+:meth:`ModelRunner.execute_together` does the same for several runners of one model (engines in
+lockstep, :mod:`pagedkv_core.lockstep`) with one forward for all their batches.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import kernels
 
 from ...batch import ScheduledBatch, SeqWork
 from ...sizing.kv_math import KVShape
-from .llama import AttentionMetadata, LlamaModel
+from .llama import AttentionMetadata, BatchPart, LlamaModel
 from .sampler import Draw, request_seed, sample
 
 _DTYPES = {
@@ -107,6 +109,23 @@ def session_threads(expected_sessions: int = 1, cores: int | None = None) -> int
             or expected_sessions < 1):
         raise ValueError(f"expected_sessions must be a positive integer, got {expected_sessions!r}")
     return max(1, (cores or available_cores()) // expected_sessions)
+
+
+@dataclass
+class StepInputs:
+    """One batch's forward inputs (:meth:`ModelRunner._inputs`): the flattened token ids and
+    positions (prefill chunks first, then decodes), the attention metadata, the rows that sample
+    and, per sampling row, (its SeqWork, its index among them)."""
+
+    ids: np.ndarray
+    positions: np.ndarray
+    meta: AttentionMetadata
+    sample_rows: np.ndarray
+    works: list
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.ids.shape[0])
 
 
 @dataclass(frozen=True)
@@ -273,6 +292,50 @@ class ModelRunner:
         self.last_step_seconds = time.perf_counter() - t0
         return result
 
+    @staticmethod
+    def execute_together(jobs: list[tuple["ModelRunner", ScheduledBatch]]) -> list[dict[int, list[int]]]:
+        """:meth:`execute` for several runners that share one model (engines made from one loaded
+        model, each with its own pools), their forwards as one (:meth:`LlamaModel.forward_parts`):
+        the weights are read once for all their rows. Each runner's result is what its own
+        :meth:`execute` would return, token for token. Raises ValueError for runners of different
+        models."""
+        if not jobs:
+            return []
+        model = jobs[0][0].model
+        if any(r.model is not model for r, _ in jobs):
+            raise ValueError("execute_together needs runners that share one model")
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for runner, batch in jobs:
+                if runner._pool is None:
+                    raise RuntimeError("ModelRunner.bind(num_slots, num_host_slots) must be called before execute")
+                runner._block_ops(batch)
+            todo = [(runner, runner._inputs(batch)) for runner, batch in jobs if batch.seqs]
+            answers = []
+            if todo:
+                parts, start, sample_rows = [], 0, []
+                for runner, inputs in todo:
+                    parts.append(BatchPart(start, start + inputs.num_rows, inputs.meta, runner.k_pools, runner.v_pools))
+                    sample_rows.append(inputs.sample_rows + start)
+                    start += inputs.num_rows
+                dev = model.device
+                ids = np.concatenate([inputs.ids for _, inputs in todo])
+                pos = np.concatenate([inputs.positions for _, inputs in todo])
+                model.ensure_rope(int(pos.max()) + 1)
+                logits = model.forward_parts(torch.from_numpy(ids).to(dev), torch.from_numpy(pos).to(dev), parts,
+                                             torch.from_numpy(np.concatenate(sample_rows)).to(dev))
+                first = 0
+                for runner, inputs in todo:  # each part's sampling rows, in order
+                    n = int(inputs.sample_rows.shape[0])
+                    answers.append(runner._sample(logits[first:first + n], inputs.works))
+                    first += n
+            answered = iter(answers)
+            results = [next(answered) if batch.seqs else {} for _, batch in jobs]
+        seconds = time.perf_counter() - t0
+        for runner, _ in jobs:
+            runner.last_step_seconds = seconds
+        return results
+
     # ------------------------------------------------------------------ pieces
     def block_views(self, pools: list[torch.Tensor], block_size: int) -> list[torch.Tensor]:
         """``[num_blocks, block_size, kv_heads, head_dim]`` views of flat per-layer pools."""
@@ -298,6 +361,19 @@ class ModelRunner:
     def _forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[tuple[SeqWork, int]]]:
         """One forward over the batch; returns the logits of the sampling rows and, per row,
         (the SeqWork, its row)."""
+        inputs = self._inputs(batch)
+        dev = self.device
+        sample_rows = torch.from_numpy(inputs.sample_rows).to(dev, non_blocking=True)
+        if inputs.num_rows:
+            self.model.ensure_rope(int(inputs.positions.max()) + 1)
+        logits = self.model.forward(torch.from_numpy(inputs.ids).to(dev, non_blocking=True),
+                                    torch.from_numpy(inputs.positions).to(dev, non_blocking=True),
+                                    inputs.meta, self.k_pools, self.v_pools, sample_rows)
+        return logits, inputs.works
+
+    def _inputs(self, batch: ScheduledBatch) -> "StepInputs":
+        """The forward's inputs for ``batch``: token ids, positions, attention metadata (its
+        index tensors on the device) and the sampling rows."""
         bs = batch.block_size
         prefill = [s for s in batch.seqs if len(s.token_ids) > 1]
         decode = [s for s in batch.seqs if len(s.token_ids) == 1]
@@ -339,14 +415,7 @@ class ModelRunner:
             meta.decode_block_tables = to_dev(table)
             meta.decode_context_lens = to_dev(ctx)
         self.last_step_shape = StepShape(P, len(decode), int(ctx.sum()) if decode else 0, len(sample_rows))
-        if not sample_rows:
-            sample_rows_t = torch.zeros(0, dtype=torch.long, device=dev)
-        else:
-            sample_rows_t = to_dev(np.asarray(sample_rows, dtype=np.int64))
-        if T:
-            self.model.ensure_rope(int(pos.max()) + 1)
-        logits = self.model.forward(to_dev(ids), to_dev(pos), meta, self.k_pools, self.v_pools, sample_rows_t)
-        return logits, works
+        return StepInputs(ids, pos, meta, np.asarray(sample_rows, dtype=np.int64), works)
 
     def _prefill_meta(self, meta: AttentionMetadata, prefill: list[SeqWork], lens: np.ndarray, bs: int, to_dev) -> None:
         B = len(prefill)

@@ -1,0 +1,175 @@
+"""Engines stepped in lockstep (``pagedkv_core.lockstep``), their forwards as one
+(``ModelRunner.execute_together``): each engine's step is its own, its tokens the same as when it
+steps alone, token for token, and every allocator's invariants hold after every step.
+
+The scripted-source tests need no model; the others run the live pair (a contiguous baseline and
+paged, the chat prompts) on SmolLM2."""
+import copy
+from types import SimpleNamespace
+
+import pytest
+
+from pagedkv_core.config import EngineConfig
+from pagedkv_core.engine import Engine
+from pagedkv_core.lockstep import step_together
+from pagedkv_core.sampling import SamplingParams
+from pagedkv_core.sources.scripted import ScriptedSource
+from ui.live_stepper import GuardedRecording, LiveStepper
+from ui.runs.live import LIVE_BATCH_TOKENS, LiveRun
+
+
+def scripted_engine(allocator: str, recording=None) -> Engine:
+    engine = Engine(EngineConfig(allocator=allocator, pool_slots=512, max_batch_tokens=48), ScriptedSource(),
+                    recording=recording)
+    for i in range(10):
+        engine.add_request(f"r{i}", [50 * i + j for j in range(1, 20)], SamplingParams(max_tokens=40),
+                           output_len=5 + 3 * i)
+    return engine
+
+
+def streams(engine: Engine) -> dict:
+    return {rid: [list(s.token_ids) for s in r.seqs] for rid, r in engine.requests.items()}
+
+
+def separately(sources: list, batches: list) -> list:
+    return [source.execute(batch) for source, batch in zip(sources, batches)]
+
+
+def test_a_step_in_its_two_halves_is_the_same_step():
+    whole, halves = scripted_engine("paged"), scripted_engine("paged")
+    while whole.has_unfinished():
+        outputs, snap = whole.step()
+        started = halves.start_step()
+        results = halves.source.execute(started.batch) if started.executes else {}
+        outputs2, snap2 = halves.finish_step(started, results)
+        assert [(o.request_id, o.outputs[0].token_ids) for o in outputs] == \
+            [(o.request_id, o.outputs[0].token_ids) for o in outputs2]
+        assert snap.step == snap2.step and snap.events == snap2.events and snap.metrics.num_running == snap2.metrics.num_running
+        assert (snap.slot_owner == snap2.slot_owner).all() and (snap.block_ref == snap2.block_ref).all()
+        halves.check_invariants()
+    assert not halves.has_unfinished() and streams(whole) == streams(halves)
+
+
+def test_a_step_is_finished_once_and_in_order():
+    engine = scripted_engine("contiguous")
+    started = engine.start_step()
+    engine.finish_step(started, engine.source.execute(started.batch))
+    with pytest.raises(RuntimeError, match="finish_step for step 0, but the engine is at step 1"):
+        engine.finish_step(started, {})
+
+
+def test_lockstep_runs_every_busy_engine_in_one_call_and_each_steps_as_alone():
+    apart = [scripted_engine("contiguous"), scripted_engine("paged")]
+    together = [scripted_engine("contiguous"), scripted_engine("paged")]
+    calls = []
+
+    def one_call(sources, batches):
+        calls.append(len(batches))
+        return separately(sources, batches)
+
+    steps = 0
+    while any(e.has_unfinished() for e in apart):
+        for e in apart:
+            if e.has_unfinished():
+                e.step(snapshot=False)
+        step_together([e for e in together if e.has_unfinished()], one_call)
+        for e in together:
+            e.check_invariants()
+        steps += 1
+    assert not any(e.has_unfinished() for e in together)
+    assert [streams(e) for e in apart] == [streams(e) for e in together]
+    assert len(calls) == steps and max(calls) == 2  # one call a step, with both engines' batches
+
+
+def test_runners_of_different_models_are_not_run_as_one():
+    from pagedkv_core.sources.model.runner import ModelRunner
+
+    with pytest.raises(ValueError, match="share one model"):
+        ModelRunner.execute_together([(SimpleNamespace(model=1), None), (SimpleNamespace(model=2), None)])
+
+
+def test_engines_without_a_shared_model_step_in_turn():
+    from ui.models import step_together as ui_step_together
+
+    apart, together = [scripted_engine("paged"), scripted_engine("contiguous")], \
+        [scripted_engine("paged"), scripted_engine("contiguous")]
+    for _ in range(5):
+        for e in apart:
+            e.step(snapshot=False)
+        ui_step_together(together)
+    assert [e.step_index for e in together] == [5, 5]
+    assert [streams(e) for e in apart] == [streams(e) for e in together]
+
+
+def test_the_stepper_hands_its_engines_to_together_in_one_call():
+    runs = []
+    for allocator in ("contiguous", "paged"):
+        recording = GuardedRecording()
+        engine = scripted_engine(allocator, recording)
+        runs.append(LiveRun(allocator, engine.config, request_ids=list(engine.requests), engine=engine,
+                            recording=recording))
+    seen = []
+
+    def together(engines):
+        seen.append([id(e) for e in engines])
+        for e in engines:
+            e.step(snapshot=False)
+
+    stepper = LiveStepper(runs, lambda runs: None, together=together)
+    assert stepper.advance(3)
+    assert runs[0].engine.step_index >= 4 and runs[1].engine.step_index >= 4
+    assert seen and all(ids == [id(runs[0].engine), id(runs[1].engine)] for ids in seen)
+
+
+# ---------------------------------------------------------------------------- the real model
+@pytest.fixture(scope="module")
+def runner():
+    import torch
+
+    from pagedkv_core.sources.model.loader import open_model
+    from pagedkv_core.sources.model.runner import ModelRunner
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield ModelRunner(open_model(None, progress=lambda f, m: None), device="cpu")
+    torch.set_num_threads(before)
+
+
+def live_pair(runner, prompts: list[list[int]]) -> list[Engine]:
+    """The live pages' pair on one model: Orca (Max) and paged, each with its own pools."""
+    engines = []
+    for allocator in ("contiguous", "paged"):
+        engine = Engine(EngineConfig(allocator=allocator, pool_slots=512, max_batch_tokens=LIVE_BATCH_TOKENS),
+                        copy.copy(runner))
+        for i, ids in enumerate(prompts):
+            engine.add_request(f"chat{i}", ids, SamplingParams(max_tokens=24))
+        engines.append(engine)
+    return engines
+
+
+def test_the_live_pair_writes_the_same_tokens_with_its_forwards_as_one(runner):
+    from pagedkv_core.sources.model.runner import ModelRunner
+    from pagedkv_core.workloads.prompts import CHAT_PROMPTS
+    from ui.models import chat_prompt
+
+    prompts = [chat_prompt(runner.tokenizer, text) for text in CHAT_PROMPTS[:6]]
+    apart, together = live_pair(runner, prompts), live_pair(runner, prompts)
+    assert together[0].source.model is together[1].source.model  # one copy of the weights
+    shapes = []
+
+    def as_one(sources, batches):
+        shapes.append([(b.num_seqs, b.num_tokens) for b in batches])
+        return ModelRunner.execute_together(list(zip(sources, batches)))
+
+    while any(e.has_unfinished() for e in apart + together):
+        for e in apart:
+            if e.has_unfinished():
+                e.step(snapshot=False)
+        step_together([e for e in together if e.has_unfinished()], as_one)
+        for e in together:
+            e.check_invariants()
+    assert [streams(e) for e in apart] == [streams(e) for e in together]
+    assert all(len(streams(e)) == 6 for e in together)
+    # the forwards that ran as one mixed both engines' prefill chunks and decodes
+    both = [s for s in shapes if len(s) == 2]
+    assert both and any(tokens > seqs for s in both for seqs, tokens in s) and any(s[0][1] == s[0][0] for s in both)

@@ -35,6 +35,22 @@ def separately(sources: list, batches: list) -> list:
     return [source.execute(batch) for source, batch in zip(sources, batches)]
 
 
+def run_apart_and_together(apart: list[Engine], together: list[Engine], execute_together) -> int:
+    """Step ``apart`` one engine at a time and ``together`` in lockstep until all end, checking the
+    invariants after every step; asserts the same token streams. Returns the steps taken."""
+    steps = 0
+    while any(e.has_unfinished() for e in apart + together):
+        for e in apart:
+            if e.has_unfinished():
+                e.step(snapshot=False)
+        step_together([e for e in together if e.has_unfinished()], execute_together)
+        for e in together:
+            e.check_invariants()
+        steps += 1
+    assert [streams(e) for e in apart] == [streams(e) for e in together]
+    return steps
+
+
 def test_a_step_in_its_two_halves_is_the_same_step():
     whole, halves = scripted_engine("paged"), scripted_engine("paged")
     while whole.has_unfinished():
@@ -67,17 +83,7 @@ def test_lockstep_runs_every_busy_engine_in_one_call_and_each_steps_as_alone():
         calls.append(len(batches))
         return separately(sources, batches)
 
-    steps = 0
-    while any(e.has_unfinished() for e in apart):
-        for e in apart:
-            if e.has_unfinished():
-                e.step(snapshot=False)
-        step_together([e for e in together if e.has_unfinished()], one_call)
-        for e in together:
-            e.check_invariants()
-        steps += 1
-    assert not any(e.has_unfinished() for e in together)
-    assert [streams(e) for e in apart] == [streams(e) for e in together]
+    steps = run_apart_and_together(apart, together, one_call)
     assert len(calls) == steps and max(calls) == 2  # one call a step, with both engines' batches
 
 
@@ -161,14 +167,7 @@ def test_the_live_pair_writes_the_same_tokens_with_its_forwards_as_one(runner):
         shapes.append([(b.num_seqs, b.num_tokens) for b in batches])
         return ModelRunner.execute_together(list(zip(sources, batches)))
 
-    while any(e.has_unfinished() for e in apart + together):
-        for e in apart:
-            if e.has_unfinished():
-                e.step(snapshot=False)
-        step_together([e for e in together if e.has_unfinished()], as_one)
-        for e in together:
-            e.check_invariants()
-    assert [streams(e) for e in apart] == [streams(e) for e in together]
+    run_apart_and_together(apart, together, as_one)
     assert all(len(streams(e)) == 6 for e in together)
     # the forwards that ran as one mixed both engines' prefill chunks and decodes
     both = [s for s in shapes if len(s) == 2]

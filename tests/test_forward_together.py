@@ -141,12 +141,15 @@ def runner():
     torch.set_num_threads(before)
 
 
-def live_pair(runner, prompts: list[list[int]]) -> list[Engine]:
-    """The live pages' pair on one model: Orca (Max) and paged, each with its own pools."""
+def live_pair(runner, prompts: list[list[int]], share=None) -> list[Engine]:
+    """The live pages' pair on one model: Orca (Max) and paged, each with its own pools (and, given
+    a CoreShare ``share``, its runner wrapped as the pages wrap it)."""
+    from ui.models import CoreSharingSource
+
     engines = []
     for allocator in ("contiguous", "paged"):
-        engine = Engine(EngineConfig(allocator=allocator, pool_slots=512, max_batch_tokens=LIVE_BATCH_TOKENS),
-                        copy.copy(runner))
+        source = copy.copy(runner) if share is None else CoreSharingSource(copy.copy(runner), share)
+        engine = Engine(EngineConfig(allocator=allocator, pool_slots=512, max_batch_tokens=LIVE_BATCH_TOKENS), source)
         for i, ids in enumerate(prompts):
             engine.add_request(f"chat{i}", ids, SamplingParams(max_tokens=24))
         engines.append(engine)
@@ -172,3 +175,21 @@ def test_the_live_pair_writes_the_same_tokens_with_its_forwards_as_one(runner):
     # the forwards that ran as one mixed both engines' prefill chunks and decodes
     both = [s for s in shapes if len(s) == 2]
     assert both and any(tokens > seqs for s in both for seqs, tokens in s) and any(s[0][1] == s[0][0] for s in both)
+
+
+def test_the_pages_pair_steps_as_one_forward_on_one_engines_share_of_the_cores(runner):
+    """ui.models.step_together, as the live stepper calls it: the pair's sources (CoreSharingSource
+    over runners of one model) run one forward, on one engine's share of two cores (one thread)."""
+    from pagedkv_core.workloads.prompts import CHAT_PROMPTS
+    from ui.models import CoreShare, chat_prompt, step_together as ui_step_together
+
+    prompts = [chat_prompt(runner.tokenizer, text) for text in CHAT_PROMPTS[6:9]]
+    apart = live_pair(runner, prompts)
+    together = live_pair(runner, prompts, share=CoreShare(cores=2))
+    for _ in range(12):
+        for e in apart:
+            e.step(snapshot=False)
+        ui_step_together(together)
+    assert [e.step_index for e in together] == [12, 12]
+    assert [streams(e) for e in apart] == [streams(e) for e in together]
+    assert [e.source.threads_used for e in together] == [1, 1]

@@ -187,8 +187,8 @@ def step_together(engines: list[Engine]) -> None:
     (:func:`pagedkv_core.lockstep.step_together`: the weights read once a step, each engine's
     tokens the same); otherwise each steps in turn."""
     sources = [e.source for e in engines]
-    if len(engines) > 1 and all(isinstance(s, CoreSharingSource) for s in sources) and \
-            all(s._runner.model is sources[0]._runner.model for s in sources):
+    models = [getattr(s._runner, "model", None) if isinstance(s, CoreSharingSource) else None for s in sources]
+    if len(engines) > 1 and models[0] is not None and all(m is models[0] for m in models):
         from pagedkv_core.lockstep import step_together as lockstep
 
         lockstep(engines, CoreSharingSource.execute_together)

@@ -132,8 +132,12 @@ def _runs(monkeypatch):
     (a run's callbacks), and ``controls()`` (a full rerun's body, before its buttons)."""
     import streamlit.runtime.scriptrunner as scriptrunner
 
-    monkeypatch.setattr(player, "st", SimpleNamespace(session_state={}))
     calls = []
+
+    def rerun(scope):
+        calls.append(f"rerun {scope}")
+
+    monkeypatch.setattr(player, "st", SimpleNamespace(session_state={}, rerun=rerun))
     press = player._once_per_press("p")(lambda delta=None: calls.append(delta))
 
     def in_run(fragment: bool):
@@ -168,6 +172,36 @@ def test_a_press_that_a_fragment_tick_and_the_full_rerun_both_carried_acts_once(
     full()  # a later press of the same button, in its own full rerun, acts
     controls()
     assert calls == [None, None]
+
+
+def test_a_kept_press_that_no_full_rerun_follows_acts_at_the_next_tick_that_does_not_carry_it(monkeypatch):
+    """A press kept by a fragment run waits for the full rerun; a later tick that no longer
+    carries it shows that none is coming (the browser would have sent it first): the press acts
+    there, and the whole page runs again. A tick that carries it again only keeps it."""
+    calls, fragment, full, controls = _runs(monkeypatch)
+    stranded = lambda: player._act_on_stranded_press("p")  # noqa: E731  (the top of every tick)
+    fragment()  # a tick carries the click, keeps it
+    stranded()  # ... its own tick: nothing yet
+    fragment()  # the next tick carries it again
+    stranded()
+    assert calls == []
+    stranded()  # a tick that does not carry it: no full rerun came for it
+    assert calls == [None, "rerun app"]
+    controls()  # the full run asked for: nothing left to act on
+    stranded()
+    assert calls == [None, "rerun app"]
+
+
+def test_a_kept_press_that_its_full_rerun_acts_on_is_not_acted_on_again_by_a_tick(monkeypatch):
+    calls, fragment, full, controls = _runs(monkeypatch)
+    fragment()
+    stranded = lambda: player._act_on_stranded_press("p")  # noqa: E731
+    stranded()
+    full()  # the full rerun carries the click: acts once
+    controls()
+    stranded()  # the ticks after it
+    stranded()
+    assert calls == [None]
 
 
 def test_a_kept_press_and_a_different_press_both_act_in_order(monkeypatch):

@@ -84,6 +84,11 @@ def _pending_key(key: str) -> str:
     return f"_player_{key}_pending"
 
 
+def _carried_key(key: str) -> str:
+    """Set by the fragment run that carried (and kept) a press of player ``key``, until its tick."""
+    return f"_player_{key}_carried"
+
+
 def _once_per_press(key: str):
     """A decorator for the callbacks of player ``key``'s buttons (drawn outside the page's
     fragment): each press acts once, in the full rerun that follows it, and is never lost.
@@ -105,6 +110,7 @@ def _once_per_press(key: str):
             ctx = get_script_run_ctx()
             if ctx is not None and ctx.fragment_ids_this_run:
                 st.session_state[_pending_key(key)] = press
+                st.session_state[_carried_key(key)] = True
                 return
             kept = st.session_state.pop(_pending_key(key), None)
             if kept is not None and kept[0] != press[0]:
@@ -114,11 +120,28 @@ def _once_per_press(key: str):
     return decorate
 
 
-def _act_on_kept_press(key: str) -> None:
-    """A press that only a fragment run carried: the full rerun after it carried none. It acts now."""
+def _act_on_kept_press(key: str) -> bool:
+    """A press that only a fragment run carried: the full rerun after it carried none. It acts
+    now. Returns whether there was one."""
     kept = st.session_state.pop(_pending_key(key), None)
     if kept is not None:
         kept[1](*kept[2], **kept[3])
+    return kept is not None
+
+
+def _act_on_stranded_press(key: str) -> None:
+    """At the top of a fragment run (:func:`tick`): a press an earlier fragment run kept, that
+    this run did not carry, and that no full rerun has acted on since. The browser sends its
+    full rerun for a click by the time it stops carrying the click in its ticks, and the server
+    handles a full rerun before any tick sent after it (a full rerun preempts a fragment run, and
+    a fragment request waits behind a full one); so a tick that no longer carries the press,
+    finding it still kept, shows that this full rerun never came. That is the one way left in
+    which a press could wait forever, and a Pause once stayed "Pause" for two minutes in the
+    slow-browser test beside the classroom test (a clean clone's suite, 2026-12-06). The press
+    acts now, and the whole page runs again so that its buttons show what it did."""
+    carried = st.session_state.pop(_carried_key(key), False)
+    if not carried and _act_on_kept_press(key):
+        st.rerun(scope="app")
 
 
 def parse_speed(text: str) -> int:
@@ -281,6 +304,7 @@ def tick(key: str, num_steps: int, *, can_grow: bool = False) -> int:
     anywhere else, the student dragged it: play on from there. After Pause, a request sent before
     the browser drew the paused page (it carries an earlier pause's number back) does not move it;
     once one carries this pause's number, every value is the student's."""
+    _act_on_stranded_press(key)
     step_key = f"{key}_step"
     state = _state(key)
     shown = int(st.session_state.get(step_key, 0))

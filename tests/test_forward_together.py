@@ -51,6 +51,19 @@ def run_apart_and_together(apart: list[Engine], together: list[Engine], execute_
     return steps
 
 
+def steps_like_the_page(apart: list[Engine], together: list[Engine], steps: int) -> None:
+    """``steps`` steps of ``apart`` one engine at a time and of ``together`` as the live stepper
+    takes them (``ui.models.step_together``); asserts the same token streams."""
+    from ui.models import step_together as ui_step_together
+
+    for _ in range(steps):
+        for e in apart:
+            e.step(snapshot=False)
+        ui_step_together(together)
+    assert [e.step_index for e in together] == [steps] * len(together)
+    assert [streams(e) for e in apart] == [streams(e) for e in together]
+
+
 def test_a_step_in_its_two_halves_is_the_same_step():
     whole, halves = scripted_engine("paged"), scripted_engine("paged")
     while whole.has_unfinished():
@@ -95,16 +108,9 @@ def test_runners_of_different_models_are_not_run_as_one():
 
 
 def test_engines_without_a_shared_model_step_in_turn():
-    from ui.models import step_together as ui_step_together
-
     apart, together = [scripted_engine("paged"), scripted_engine("contiguous")], \
         [scripted_engine("paged"), scripted_engine("contiguous")]
-    for _ in range(5):
-        for e in apart:
-            e.step(snapshot=False)
-        ui_step_together(together)
-    assert [e.step_index for e in together] == [5, 5]
-    assert [streams(e) for e in apart] == [streams(e) for e in together]
+    steps_like_the_page(apart, together, 5)
 
 
 def test_the_stepper_hands_its_engines_to_together_in_one_call():
@@ -181,15 +187,10 @@ def test_the_pages_pair_steps_as_one_forward_on_one_engines_share_of_the_cores(r
     """ui.models.step_together, as the live stepper calls it: the pair's sources (CoreSharingSource
     over runners of one model) run one forward, on one engine's share of two cores (one thread)."""
     from pagedkv_core.workloads.prompts import CHAT_PROMPTS
-    from ui.models import CoreShare, chat_prompt, step_together as ui_step_together
+    from ui.models import CoreShare, chat_prompt
 
     prompts = [chat_prompt(runner.tokenizer, text) for text in CHAT_PROMPTS[6:9]]
     apart = live_pair(runner, prompts)
     together = live_pair(runner, prompts, share=CoreShare(cores=2))
-    for _ in range(12):
-        for e in apart:
-            e.step(snapshot=False)
-        ui_step_together(together)
-    assert [e.step_index for e in together] == [12, 12]
-    assert [streams(e) for e in apart] == [streams(e) for e in together]
+    steps_like_the_page(apart, together, 12)
     assert [e.source.threads_used for e in together] == [1, 1]

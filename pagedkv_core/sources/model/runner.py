@@ -280,25 +280,15 @@ class ModelRunner:
         self.num_slots, self.num_host_slots = num_slots, num_host_slots
 
     def execute(self, batch: ScheduledBatch) -> dict[int, list[int]]:
-        if self._pool is None:
-            raise RuntimeError("ModelRunner.bind(num_slots, num_host_slots) must be called before execute")
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            self._block_ops(batch)
-            if not batch.seqs:
-                return {}
-            logits, works = self._forward(batch)
-            result = self._sample(logits, works)
-        self.last_step_seconds = time.perf_counter() - t0
-        return result
+        return ModelRunner.execute_together([(self, batch)])[0]
 
     @staticmethod
     def execute_together(jobs: list[tuple["ModelRunner", ScheduledBatch]]) -> list[dict[int, list[int]]]:
         """:meth:`execute` for several runners that share one model (engines made from one loaded
         model, each with its own pools), their forwards as one (:meth:`LlamaModel.forward_parts`):
         the weights are read once for all their rows. Each runner's result is what its own
-        :meth:`execute` would return, token for token. Raises ValueError for runners of different
-        models."""
+        :meth:`execute` (this, with one job) would return, token for token. Raises ValueError for
+        runners of different models."""
         if not jobs:
             return []
         model = jobs[0][0].model
@@ -310,9 +300,13 @@ class ModelRunner:
                 if runner._pool is None:
                     raise RuntimeError("ModelRunner.bind(num_slots, num_host_slots) must be called before execute")
                 runner._block_ops(batch)
-            todo = [(runner, runner._inputs(batch)) for runner, batch in jobs if batch.seqs]
+            busy = [(runner, batch) for runner, batch in jobs if batch.seqs]
             answers = []
-            if todo:
+            if len(busy) == 1:  # one runner's forward (model.forward, its one-part case)
+                runner, batch = busy[0]
+                answers.append(runner._sample(*runner._forward(batch)))
+            elif busy:
+                todo = [(runner, runner._inputs(batch)) for runner, batch in busy]
                 parts, start, sample_rows = [], 0, []
                 for runner, inputs in todo:
                     parts.append(BatchPart(start, start + inputs.num_rows, inputs.meta, runner.k_pools, runner.v_pools))

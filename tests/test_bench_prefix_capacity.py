@@ -67,3 +67,14 @@ def test_table_rows_and_figure(quick):
     assert any("ideal LRU" in n for n in names) and any("engine, Belady" in n for n in names)
     paper = next(t for t in fig.data if "Figure 9" in t.name)
     assert list(paper.y) == [v for _, v in bench.PAPER_FIGURE_9]
+
+
+def test_engine_runs_on_two_processes_match_one_after_another():
+    rows = read_hashed_log(MOONCAKE_CONV_LOG, 0, 200)
+    workload = bench.log_workload(rows)
+    jobs = [(256, "lru"), (256, "belady"), (1024, "lru")]
+    strip = lambda runs: [{k: v for k, v in r.items() if k != "seconds"} for r in runs]  # noqa: E731
+    one = bench.engine_points(workload, jobs, 1)
+    assert strip(bench.engine_points(workload, jobs, 2)) == strip(one)
+    assert [(r["pool_slots"], r["eviction"]) for r in one] == [(b * 32, e) for b, e in jobs]
+    assert all(r["finished"] + r["rejected"] == 200 for r in one)

@@ -36,19 +36,25 @@ def test_json_summary_has_every_field(capsys):
     assert s["tokens_generated"] > 0 and s["steps"] > 0
 
 
-def test_log_rows_longer_than_the_context_are_reported_left_out(capsys):
-    """A request log's rows that do not fit the context are never submitted: the summary says how
-    many and why, beside the rejections (the JSON's ``left_out``, the text's last line). The first
-    200 requests of the Azure log come from its first 215 rows: 15 have a prompt and an answer of
-    more than 2,048 tokens together."""
+def test_every_row_of_a_log_runs_or_is_rejected_with_its_reason(capsys):
+    """Every row of a request log is submitted: a row longer than the context is served as a
+    server with that context serves it (its answer cut there), and a row whose prompt alone fills
+    the context is rejected, with its reason, in the JSON's ``rejected`` and the text's last lines.
+    The first 200 rows of the Azure log hold 15 longer than 2,048 tokens, each with a prompt of
+    2,048 tokens or more."""
     log = ["--workload-file", str(ROOT / "pagedkv_core" / "data" / "azure_conv_2023.csv"), "--trace-count", "200"]
     s = simulate_json(capsys, *log)
-    assert s["left_out"] == {"rows": 15, "reason": "prompt + answer longer than the 2,048-token context"}
-    assert s["requests"] == 200 and s["rejected"] == []
-    assert "left_out" not in simulate_json(capsys, *log, "--max-context", "16384")
+    assert "left_out" not in s and s["requests"] == 200 and s["finished"] == 185 and len(s["rejected"]) == 15
+    assert s["rejected"][0] == {"id": "r14", "reason": "prompt of 2,221 tokens leaves no room for an answer in the "
+                                                       "2,048-token context"}
+    wide = simulate_json(capsys, *log, "--max-context", "16384")
+    assert wide["finished"] == 200 and wide["rejected"] == []
+    fit = simulate_json(capsys, *log, "--overlong", "leave-out")  # the rows that fit: 200 of the first 215
+    assert fit["left_out"] == {"rows": 15, "reason": "prompt + answer longer than the 2,048-token context"}
+    assert fit["requests"] == fit["finished"] == 200 and fit["rejected"] == []
     assert main(["simulate", *log]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "left out: 15 rows of the log, prompt + answer longer than the 2,048-token context")
+        "rejected r188: prompt of 4,082 tokens leaves no room for an answer in the 2,048-token context")
 
 
 def test_flags_reach_the_engine(capsys):

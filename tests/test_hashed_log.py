@@ -165,10 +165,17 @@ def test_options_match_the_csv_logs(tmp_path):
     w = load_workload_file(path, max_tokens=8, length_scale=1 / 4)
     assert [len(r.prompt) for r in w.requests] == [128 + 22, 25, 256 + 19, 128]
     assert [(r.output_len, r.max_tokens) for r in w.requests] == [(1, 2), (2, 2), (2, 2), (1, 2)]  # 8 x 1/4 = 2
-    w = load_workload_file(path, max_context=2048)  # context mode: the 3,100-token request is left out
+    # Context mode: the 3,100-token request (prompt 100) runs, its answer cut at the context.
+    w = load_workload_file(path, max_context=2048)
+    assert [(r.id, r.max_tokens, r.reject_reason) for r in w.requests] == [
+        ("r1", 2048 - 600, None), ("r3", 2048 - 100, None), ("r4", 2048 - 1100, None), ("r5", 2048 - 512, None)]
+    assert w.left_out is None and "1 longer than the 2,048-token context (cut at it" in w.description
+    streamed = stream_hashed_log(path, max_context=2048)
+    assert [(r.id, r.max_tokens) for r in streamed.requests()] == [(r.id, r.max_tokens) for r in w.requests]
+    w = load_workload_file(path, max_context=2048, overlong="leave-out")  # or left out, and counted
     assert [r.id for r in w.requests] == ["r1", "r4", "r5"] and "1 left out" in w.description
     assert w.left_out.to_json() == {"rows": 1, "reason": "prompt + answer longer than the 2,048-token context"}
-    assert stream_hashed_log(path, max_context=2048).left_out == w.left_out  # streamed, the same
+    assert stream_hashed_log(path, max_context=2048, overlong="leave-out").left_out == w.left_out  # streamed, the same
     assert load_workload_file(path).left_out is None
     assert load_workload_file(path).pool_slots == 65_536
 

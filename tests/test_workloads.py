@@ -181,11 +181,16 @@ def test_log_options_rows_time_scale_and_max_tokens(tmp_path):
     assert [(r.output_len, r.max_tokens) for r in w.requests] == [(100, 100), (55, 100)]  # the cap cuts r2
     faster = load_workload_file(path, seconds_per_step=0.5, rate=4.0, max_tokens="answer")
     assert [r.arrival_step for r in faster.requests] == [0, 34, 36, 37, 50]
-    # The model's context: prompt + max_tokens = 2,048; the 1,900 + 300 row cannot be served.
+    # The model's context: prompt + max_tokens = 2,048; the 1,900 + 300 row is served as a server with
+    # that context serves it: its answer is cut at the context (148 tokens, not 300).
     ctx = load_workload_file(path)
-    assert [r.id for r in ctx.requests] == ["r1", "r2", "r3", "r4"]
+    assert [r.id for r in ctx.requests] == ["r1", "r2", "r3", "r4", "r5"]
     assert all(len(r.prompt) + r.max_tokens == 2048 for r in ctx.requests)
-    assert "1 left out" in ctx.description and "2,048-token context" in ctx.description
+    assert (ctx.requests[4].output_len, ctx.requests[4].max_tokens) == (300, 148) and ctx.left_out is None
+    assert "1 longer than the 2,048-token context (cut at it" in ctx.description
+    fit = load_workload_file(path, overlong="leave-out")  # or left out, and counted
+    assert [r.id for r in fit.requests] == ["r1", "r2", "r3", "r4"]
+    assert "1 left out" in fit.description and "2,048-token context" in fit.description
     assert ctx.pool_slots == 65536
     wide = load_workload_file(path, max_context=4096, pool_slots=8192)
     assert len(wide.requests) == 5 and wide.requests[4].max_tokens == 4096 - 1900 and wide.pool_slots == 8192
@@ -229,7 +234,6 @@ def test_columns_in_any_order_extra_columns_and_blank_lines(tmp_path):
         (TRACE.replace("GeneratedTokens", "Generated"), "missing column(s) GeneratedTokens"),
         ("", "the request log is empty"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests after row 0"),
-        ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,4000,10\n", "1 left out: longer than the 2,048-token context"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\n1e9,5,5\n", "row 2: arrives at step 20,000,000,000"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\nnan,5,5\n", "row 2: TIMESTAMP must be a finite number"),
     ],
@@ -305,3 +309,21 @@ def test_corrupt_gzip_is_a_config_error(tmp_path):
     gz.write_bytes(b"\x1f\x8b\x08\x00garbage")
     with pytest.raises(ConfigError, match="t.csv.gz: cannot read the request log"):
         request_log_workload(gz)
+
+
+def test_a_log_row_whose_prompt_fills_the_context_is_rejected_with_its_reason(tmp_path):
+    """Every row of a request log is submitted: one whose prompt alone fills the context is a
+    rejection, with its reason, beside the others (and, left out, it is counted instead)."""
+    path = write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n0,4000,10\n1,100,10\n")
+    w = load_workload_file(path)
+    assert [(r.id, r.reject_reason) for r in w.requests] == [
+        ("r1", "prompt of 4,000 tokens leaves no room for an answer in the 2,048-token context"), ("r2", None)]
+    engine = Engine(EngineConfig(pool_slots=4096), ScriptedSource())
+    w.submit(engine)
+    s = engine.run()
+    assert s.finished == 1 and s.rejected == [
+        {"id": "r1", "reason": "prompt of 4,000 tokens leaves no room for an answer in the 2,048-token context"}]
+    with pytest.raises(ConfigError, match="1 left out: longer than the 2,048-token context"):
+        load_workload_file(write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n0,4000,10\n"), overlong="leave-out")
+    with pytest.raises(ConfigError, match="overlong must be one of serve, leave-out"):
+        load_workload_file(path, overlong="drop")

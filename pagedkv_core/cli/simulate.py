@@ -38,7 +38,7 @@ from ..sources.scripted import ScriptedSource
 from ..safe_io import check_writable
 from ..record.waste import CLASSES, Released, measure_run
 from ..workloads.hashed_log import DEFAULT_CONTEXT as HASHED_LOG_CONTEXT
-from ..workloads.scenarios import WORKLOADS, LogOptions, LogStream, build_workload, load_workload_file, stream_workload_file
+from ..workloads.scenarios import OVERLONG, WORKLOADS, LogOptions, LogStream, build_workload, load_workload_file, stream_workload_file
 from .flags import add_engine_args, config_from_args
 from .kv_events import add_kv_events_args, check_kv_events, open_kv_events
 from .parsing import add_renamed, length_scale, trace_writer
@@ -47,7 +47,8 @@ from .summary import summary_table
 
 
 LOG_FLAGS = {"start": "log_start", "count": "log_count", "seconds_per_step": "seconds_per_step", "rate": "rate",
-               "max_tokens": "max_tokens", "max_context": "max_context", "length_scale": "length_scale"}
+               "max_tokens": "max_tokens", "max_context": "max_context", "length_scale": "length_scale",
+               "overlong": "overlong"}
 
 
 def register(subparsers) -> None:
@@ -74,6 +75,10 @@ def register(subparsers) -> None:
                         f"max context (default, {defaults.max_context:,} tokens), the answer's own length, or a fixed cap N")
     t.add_argument("--max-context", type=int, metavar="N",
                    help=f"the model's context (default {defaults.max_context:,}; {HASHED_LOG_CONTEXT:,} for a .jsonl log)")
+    t.add_argument("--overlong", choices=OVERLONG,
+                   help="a row longer than the context (--max-tokens context): serve it (default: its answer cut at "
+                        "the context; rejected, with the reason, when its prompt alone fills it) or leave it out "
+                        "(counted in the summary's left_out)")
     t.add_argument("--length-scale", type=length_scale, metavar="F",
                    help="scale every length, e.g. 0.125 or 1/8 (default 1); in a .jsonl log a 512-token hash block "
                         "becomes 512*F tokens, a whole number the block size must divide")

@@ -249,7 +249,7 @@ def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOp
     w = select_window(rows, file_name, opt, where="line", prompt_len=lambda r: scaled_prompt_len(r, block),
                       limit=(MAX_BUILT_LOG_REQUESTS if limits else None) if opt.count is None else opt.count)
     kept, steps = w.kept, w.steps
-    problems = [_row_problem(prompt, max(answer, mt)) for _r, prompt, answer, mt in kept]
+    problems = [_row_problem(prompt, answer, mt) for _r, prompt, answer, mt in kept]
     if limits:
         _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
                             "use fewer requests (count) or a length_scale below 1")
@@ -263,7 +263,7 @@ def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOp
         reqs.append(WorkloadRequest(rid, prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step))
     if description is None:
         description = _log_description(file_name, opt, len(kept), kept[0][0].line, w.last, w.left_out, w.context,
-                                         w.cap)
+                                         w.cap, w.over)
         description = description.replace(" rows ", " lines ", 1) + f"; hash blocks of {block} tokens"
     return Workload(name or file_name, description, tuple(reqs), opt.pool_slots, hash_block=block,
                     left_out=left_out_of(w.left_out, w.context))
@@ -293,7 +293,7 @@ def stream_hashed_log(path, seed: int = 0, **options) -> LogStream | None:
     runs = _RecentRuns()
 
     def make(r: HashedLogRow, prompt: int, answer: int, mt: int, step: int) -> WorkloadRequest:
-        problem = _row_problem(prompt, max(answer, mt))
+        problem = _row_problem(prompt, answer, mt)
         if problem is not None:
             return WorkloadRequest(f"r{r.line}", (), 1, 1, arrival_step=step, reject_reason=problem)
         return WorkloadRequest(f"r{r.line}", prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step)

@@ -459,6 +459,9 @@ class LogRow:
     answer_len: int  # GeneratedTokens
 
 
+OVERLONG = ("serve", "leave-out")  # LogOptions.overlong
+
+
 @dataclass(frozen=True)
 class LogOptions:
     """How a request log becomes a workload. Every length here is in the log's tokens: a
@@ -472,8 +475,12 @@ class LogOptions:
       ``floor((t_i - t_first) * rate / seconds_per_step)``.
     - ``max_tokens``: what a request may write, which is what the contiguous Orca (Max)
       baseline reserves beyond the prompt. ``"context"``: up to the model's ``max_context``
-      (prompt + max_tokens = max_context); rows whose prompt + answer exceed it are left out,
-      as a server with that context could not serve them, and the description counts them.
+      (prompt + max_tokens = max_context). A row whose prompt + answer exceed it is served as a
+      server with that context serves it: its answer is cut at the context (it finishes on
+      "length"), and a row whose prompt alone fills the context is rejected with that reason;
+      every row is submitted, and the description counts those rows. ``overlong="leave-out"``
+      leaves them out instead (never submitted, counted: the named scenarios' windows of
+      requests that fit).
       ``"answer"``: exactly the answer's length. An integer N: a fixed cap (answers longer than
       N are cut to N, as the server's cap would cut them).
     - ``pool_slots``: the pool the workload suggests.
@@ -487,6 +494,7 @@ class LogOptions:
     max_context: int = DEFAULT_MAX_CONTEXT
     length_scale: float = 1.0
     pool_slots: int = LOG_POOL_SLOTS
+    overlong: str = "serve"  # rows longer than the context (max_tokens "context"): "serve" or "leave-out"
 
     def __post_init__(self) -> None:
         _check_int("start", self.start, 0)
@@ -497,6 +505,8 @@ class LogOptions:
         _check_positive("length_scale", self.length_scale, hi=1.0)
         _check_int("max_context", self.max_context, 2, setting_spec("max_model_len").hi)
         object.__setattr__(self, "pool_slots", setting_spec("pool_slots").check(self.pool_slots))
+        if self.overlong not in OVERLONG:
+            raise ConfigError(f"overlong must be one of {', '.join(OVERLONG)}, got {self.overlong!r}")
         mode = self.max_tokens
         if isinstance(mode, str) and mode.isdigit():
             mode = int(mode)
@@ -672,10 +682,11 @@ class LogWindow:
 
     kept: list[tuple]
     steps: list[int]
-    left_out: int  # longer than the context, with max_tokens "context"
+    left_out: int  # longer than the context, with max_tokens "context", left out ("leave-out")
     last: int  # where the last row read stands in the file (its row or line)
     context: int
     cap: int | None  # max_tokens when it is a number of tokens
+    over: int = 0  # longer than the context, with max_tokens "context", served ("serve"): cut or rejected
 
 
 def select_window(rows: Iterable, file_name: str, opt: LogOptions, *, where: str, prompt_len,
@@ -690,17 +701,18 @@ def select_window(rows: Iterable, file_name: str, opt: LogOptions, *, where: str
     cap = opt.scaled(mode) if isinstance(mode, int) else None
     after, fewer = ("row", "rows") if where == "row" else ("request", "requests")
     kept: list[tuple] = []
-    left_out = 0
+    left_out = over = 0
     last = opt.start
     for r in rows:
         if limit is not None and len(kept) == limit:  # only without a count: one more means too many
             raise ConfigError(f"{file_name}: more than {limit:,} requests after {after} {opt.start:,}: "
                               f"give a count of at most {limit:,}")
         last = getattr(r, where)
-        one = _kept(r, prompt_len(r), opt.scaled(r.answer_len), mode, context, cap)
+        one = _kept(r, prompt_len(r), opt.scaled(r.answer_len), mode, context, cap, opt.overlong)
         if one is None:
             left_out += 1
             continue
+        over += mode == "context" and one[1] + one[2] > context
         kept.append(one)
         if len(kept) == opt.count:
             break  # the rows after the window are never read
@@ -716,14 +728,16 @@ def select_window(rows: Iterable, file_name: str, opt: LogOptions, *, where: str
             raise ConfigError(f"{file_name} {where} {getattr(r, where)}: arrives at step {at:,.0f}, beyond "
                               f"{MAX_ARRIVAL_STEP:,}; use more seconds per step or fewer {fewer}")
         steps.append(int(at))
-    return LogWindow(kept, steps, left_out, last, context, cap)
+    return LogWindow(kept, steps, left_out, last, context, cap, over)
 
 
-def _kept(r, prompt: int, answer: int, mode, context: int, cap: int | None) -> tuple | None:
+def _kept(r, prompt: int, answer: int, mode, context: int, cap: int | None, overlong: str = "serve") -> tuple | None:
     """(row, prompt, answer, max_tokens) of a request-log row under ``max_tokens`` mode ``mode``;
-    None: left out (longer than the context, in "context" mode)."""
+    None: left out (longer than the context, in "context" mode, with ``overlong`` "leave-out").
+    Served, such a row's max_tokens is what the context leaves (below 1 when the prompt fills it:
+    :func:`_row_problem` rejects it)."""
     if mode == "context":
-        return None if prompt + answer > context else (r, prompt, answer, context - prompt)
+        return None if prompt + answer > context and overlong == "leave-out" else (r, prompt, answer, context - prompt)
     if mode == "answer":
         return (r, prompt, answer, answer)
     return (r, prompt, min(answer, cap), cap)
@@ -742,7 +756,7 @@ def stream_log(open_rows, file_name: str, opt: LogOptions, *, where: str, prompt
     context = opt.scaled(opt.max_context)
     cap = opt.scaled(mode) if isinstance(mode, int) else None
     after = "row" if where == "row" else "request"
-    n = left_out = 0
+    n = left_out = over = 0
     first = last = None
     t0 = prev = None
     per_step = opt.seconds_per_step / opt.rate
@@ -751,9 +765,11 @@ def stream_log(open_rows, file_name: str, opt: LogOptions, *, where: str, prompt
             raise ConfigError(f"{file_name}: more than {MAX_LOG_REQUESTS:,} requests after {after} {opt.start:,}: "
                               f"give a count of at most {MAX_LOG_REQUESTS:,}")
         last = getattr(r, where)
-        if _kept(r, prompt_len(r), opt.scaled(r.answer_len), mode, context, cap) is None:
+        one = _kept(r, prompt_len(r), opt.scaled(r.answer_len), mode, context, cap, opt.overlong)
+        if one is None:
             left_out += 1
             continue
+        over += mode == "context" and one[1] + one[2] > context
         if prev is not None and r.time_s < prev:
             return None
         if t0 is None:
@@ -773,7 +789,7 @@ def stream_log(open_rows, file_name: str, opt: LogOptions, *, where: str, prompt
     def requests() -> Iterator[WorkloadRequest]:
         taken = 0
         for r in open_rows():
-            one = _kept(r, prompt_len(r), opt.scaled(r.answer_len), mode, context, cap)
+            one = _kept(r, prompt_len(r), opt.scaled(r.answer_len), mode, context, cap, opt.overlong)
             if one is None:
                 continue
             _r, prompt, answer, max_tokens = one
@@ -782,13 +798,13 @@ def stream_log(open_rows, file_name: str, opt: LogOptions, *, where: str, prompt
             if taken == n:
                 return
 
-    description = _log_description(file_name, opt, n, first, last, left_out, context, cap)
+    description = _log_description(file_name, opt, n, first, last, left_out, context, cap, over)
     return LogStream(file_name, description, n, opt.pool_slots, hash_block, requests, left_out_of(left_out, context))
 
 
 def _csv_request(seed: int):
     def make(r: LogRow, prompt: int, answer: int, max_tokens: int, step: int) -> WorkloadRequest:
-        problem = _row_problem(prompt, max(answer, max_tokens))
+        problem = _row_problem(prompt, answer, max_tokens)
         if problem is not None:
             return WorkloadRequest(f"r{r.row}", (), 1, 1, arrival_step=step, reject_reason=problem)
         rng = np.random.default_rng([seed, r.row])
@@ -821,19 +837,24 @@ def _log_from_rows(rows: Iterable[LogRow], file_name: str, seed: int, opt: LogOp
     w = select_window(rows, file_name, opt, where="row", prompt_len=lambda r: opt.scaled(r.prompt_len),
                       limit=MAX_BUILT_LOG_REQUESTS if opt.count is None else opt.count)
     kept, steps = w.kept, w.steps
-    problems = [_row_problem(prompt, max(answer, max_tokens)) for _r, prompt, answer, max_tokens in kept]
+    problems = [_row_problem(prompt, answer, max_tokens) for _r, prompt, answer, max_tokens in kept]
     _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
                         "use fewer rows (count) or a length_scale below 1")
     make = _csv_request(seed)
     reqs = [make(r, prompt, answer, max_tokens, step) for (r, prompt, answer, max_tokens), step in zip(kept, steps)]
     if description is None:
-        description = _log_description(file_name, opt, len(kept), kept[0][0].row, w.last, w.left_out, w.context, w.cap)
+        description = _log_description(file_name, opt, len(kept), kept[0][0].row, w.last, w.left_out, w.context, w.cap,
+                                         w.over)
     return Workload(name or file_name, description, tuple(reqs), opt.pool_slots,
                     left_out=left_out_of(w.left_out, w.context))
 
 
-def _row_problem(prompt: int, answer: int) -> str | None:
-    """Why a request-log row's request is rejected (its lengths over the request-level bounds), or None."""
+def _row_problem(prompt: int, answer: int, max_tokens: int) -> str | None:
+    """Why a request-log row's request is rejected (its prompt fills the context: ``max_tokens``
+    below 1; or its lengths over the request-level bounds), or None."""
+    if max_tokens < 1:
+        return f"prompt of {prompt:,} tokens leaves no room for an answer in the {prompt + max_tokens:,}-token context"
+    answer = max(answer, max_tokens)
     if prompt > MAX_PROMPT_LEN:
         return f"prompt of {prompt:,} tokens is longer than the {MAX_PROMPT_LEN:,} allowed"
     if answer > MAX_OUTPUT_LEN:
@@ -842,10 +863,13 @@ def _row_problem(prompt: int, answer: int) -> str | None:
 
 
 def _log_description(file_name: str, opt: LogOptions, n: int, first: int, last: int, left_out: int,
-                       context: int, cap: int | None) -> str:
+                       context: int, cap: int | None, over: int = 0) -> str:
     parts = [f"{n:,} requests from rows {first:,}-{last:,} of {file_name}"]
     if left_out:
         parts.append(f"{left_out:,} left out (longer than the {context:,}-token context)")
+    if over:
+        parts.append(f"{over:,} longer than the {context:,}-token context (cut at it; rejected where the prompt "
+                     f"alone fills it)")
     if opt.length_scale != 1:
         parts.append(f"lengths x {opt.length_scale:g}")
     step_ms = opt.seconds_per_step / opt.rate * 1000
@@ -866,10 +890,12 @@ def _log_description(file_name: str, opt: LogOptions, n: int, first: int, last: 
 # waiting than reserve-the-maximum can run. The small one scales every length by 1/8 and the
 # step to 400 ms (a request lives 1/8 as many steps, so the same time per request), into a pool
 # small enough for the app's heatmaps; it is busier than the full one (the paged side preempts).
+# Both are windows of the requests that fit the context (the longer rows are left out and counted).
 AZURE_CONV_OPTIONS = dict(count=1000, max_tokens="context", max_context=DEFAULT_MAX_CONTEXT,
-                          seconds_per_step=DEFAULT_SECONDS_PER_STEP, pool_slots=LOG_POOL_SLOTS)
+                          seconds_per_step=DEFAULT_SECONDS_PER_STEP, pool_slots=LOG_POOL_SLOTS, overlong="leave-out")
 AZURE_CONV_SMALL_OPTIONS = dict(count=200, max_tokens="context", max_context=DEFAULT_MAX_CONTEXT,
-                                length_scale=1 / 8, seconds_per_step=8 * DEFAULT_SECONDS_PER_STEP, pool_slots=4096)
+                                length_scale=1 / 8, seconds_per_step=8 * DEFAULT_SECONDS_PER_STEP, pool_slots=4096,
+                                overlong="leave-out")
 
 
 def _azure_scenario(name: str, title: str, options: dict, seed: int) -> Workload:

@@ -49,7 +49,7 @@ BENCHMARKS = {
                        "beside the ideal replay and the paper's Figure 9",
     "replay-speed": "whole request logs (Azure conv, also every row of it at a 16,384-token context; Mooncake conv) "
                     "at 262,144 slots with --trace-out: wall time, peak RSS, trace size, steps/s while sequences run; "
-                    "beside commit 9fbef5e's engine",
+                    "beside commit 28d078f's engine (as issue 55 found it)",
     "step-cost": "an engine step's CPU time with 16 to 1,024 sequences decoding, no recording and recorded; "
                  "the cost each running sequence adds, beside commit 334a5fe's engine",
     "gpu": "CUDA: benchmarks/gpu_kernels.py and benchmarks/gpu_engine.py (skipped without a GPU)",

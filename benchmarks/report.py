@@ -14,7 +14,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TABLE = Path(__file__).resolve().parent / "README_TABLE.md"
 ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "playback", "scale", "replay-speed", "step-cost", "roofline",
          "live",
-         "prefix-capacity", "gpu_engine", "gpu_kernels")
+         "prefix-capacity", "peers", "gpu_engine", "gpu_kernels")
 
 
 def load_results(results_dir: Path = RESULTS) -> dict[str, dict]:
@@ -77,6 +77,12 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
                                                           if row.get("processes", 1) > 1 else "")
                          + f"; trace {row['trace_mb']:,.1f} MB "
                          f"({row['trace_kb_per_step']:.1f} KB a step)", "reported", "-"))
+        for sb in r.get("side_by_side", []):
+            (new_wall, old_wall), (new_cpu, old_cpu) = sb["wall_s"], sb["cpu_s"]
+            rows.append((f"replay speed, side by side: `{sb['log']}` (whole, {sb['requests']:,} requests), {sb['allocator']}, "
+                         f"this engine against {r.get('baseline')}'s",
+                         f"{sb['wall_speedup']:.2f}x in wall time ({new_wall:,.1f} vs {old_wall:,.1f} s), "
+                         f"{sb['cpu_speedup']:.2f}x in CPU time ({new_cpu:,.1f} vs {old_cpu:,.1f} s)", "reported", "-"))
         for t in r.get("targets", []):
             rows.append((f"replay speed: {t['name']}", f"{t['value']:,}", t["target"].replace(">=", "≥").replace("<=", "≤"),
                          _verdict(t["pass"])))
@@ -105,9 +111,28 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("prefix-capacity: unbounded cache (every block seen before is a hit)",
                      f"{r.get('unbounded', 0):.3f} (paper's cache ratio 0.40); {r.get('requests', 0):,} requests, engine runs "
                      f"{r.get('engine_seconds', 0):.0f} s in all", "reported", "-"))
+        rows[-1] = (rows[-1][0], rows[-1][1] + (f" ({r['engine_wall_seconds']:.0f} s wall on {r['engine_workers']} processes)"
+                                               if "engine_wall_seconds" in r else ""), *rows[-1][2:])
         for t in r.get("targets", []):
-            rows.append((f"prefix-capacity: {t['name']}", ", ".join(map(str, t["value"])) if "issue" in t["name"] else
-                         "see result file", t["target"].replace(">=", "≥").replace("<=", "≤"), _verdict(t["pass"])))
+            value = t["value"]
+            shown = (", ".join(map(str, value)) if "issue" in t["name"] else "see result file") if isinstance(value, list) \
+                else f"{value:,}"
+            rows.append((f"prefix-capacity: {t['name']}", shown, t["target"].replace(">=", "≥").replace("<=", "≤"),
+                         _verdict(t["pass"])))
+        return rows
+    if name == "peers":
+        for peer in r.get("peers", []):
+            sim = peer.get("simulated", {})
+            what = f"{sim.get('requests_simulated') or sim.get('requests_in_trace', 0):,} requests"
+            if peer.get("ran"):
+                value = (f"{peer['wall_s']:,.1f} s wall, {peer['cpu_s']:,.1f} CPU s, {what}"
+                         + ("; a synthetic workload matched to the log (no trace input)" if peer.get("replays_log") is False
+                            else "; the log itself"))
+            else:
+                value = f"did not run: {peer.get('why', '?')} (after {peer.get('wall_s', 0):,.1f} s)"
+            label = peer["name"] + (f" {peer['version']}" if peer.get("version") else "")
+            rows.append((f"peers: {label} on the Azure conversation log ({r.get('requests_in_log', 0):,} rows)", value,
+                         "reported", "-"))
         return rows
     if name == "live":
         for t in r.get("targets", []):

@@ -55,6 +55,10 @@ def test_every_row_of_a_log_runs_or_is_rejected_with_its_reason(capsys):
     assert main(["simulate", *log]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "rejected r188: prompt of 4,082 tokens leaves no room for an answer in the 2,048-token context")
+    assert main(["simulate", "--workload-file", log[1], "--trace-count", "400"]) == 0  # 26 rejected: 20 lines, then a count
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("rejected r") for line in lines) == 20
+    assert lines[-1] == "... and 6 more rejected (--json lists every one)"
 
 
 def test_flags_reach_the_engine(capsys):

@@ -194,4 +194,11 @@ def format_summary(s: dict) -> str:
          + f"; token share {s['token_share']:.1%}"),
     ])
     left_out = [f"left out: {s['left_out']['rows']:,} rows of the log, {s['left_out']['reason']}"] if "left_out" in s else []
-    return "\n".join([table] + [f"rejected {r['id']}: {r['reason']}" for r in s["rejected"]] + left_out)
+    rejected = s["rejected"]
+    listed = [f"rejected {r['id']}: {r['reason']}" for r in rejected[:MAX_REJECTIONS_LISTED]]
+    if len(rejected) > MAX_REJECTIONS_LISTED:  # a whole log can have thousands: the JSON lists every one
+        listed.append(f"... and {len(rejected) - MAX_REJECTIONS_LISTED:,} more rejected (--json lists every one)")
+    return "\n".join([table] + listed + left_out)
+
+
+MAX_REJECTIONS_LISTED = 20  # the text summary's rejection lines (--json lists them all)

@@ -272,12 +272,13 @@ def run(quick: bool = False, baseline: bool = True, workers: int = PARALLEL, par
         list(pool.map(one, range(len(plan))))
     rows = [r for r in rows if r]
     targets = [] if quick else targets_of(rows)
-    for r in side_by_side(rows):
+    pairs = side_by_side(rows)
+    for r in pairs:
         print(f"side by side, {r['log']} {r['allocator']}: this engine {r['wall_speedup']}x faster in wall time, "
               f"{r['cpu_speedup']}x in CPU time than {BASELINE_COMMIT}", flush=True)
     return {"pool_slots": POOL, **cpu_info(), "baseline": BASELINE_COMMIT if base is not None else None,
             "parallel": workers, "load_average_start": load_start,
-            "load_average_end": list(os.getloadavg()), "rows": rows, "side_by_side": side_by_side(rows),
+            "load_average_end": list(os.getloadavg()), "rows": rows, "side_by_side": pairs,
             "errors": errors, "targets": targets}
 
 

@@ -49,6 +49,7 @@ from .summary import summary_table
 LOG_FLAGS = {"start": "log_start", "count": "log_count", "seconds_per_step": "seconds_per_step", "rate": "rate",
                "max_tokens": "max_tokens", "max_context": "max_context", "length_scale": "length_scale",
                "overlong": "overlong"}
+MAX_REJECTIONS_LISTED = 20  # the text summary's rejection lines (--json lists them all)
 
 
 def register(subparsers) -> None:
@@ -200,5 +201,3 @@ def format_summary(s: dict) -> str:
         listed.append(f"... and {len(rejected) - MAX_REJECTIONS_LISTED:,} more rejected (--json lists every one)")
     return "\n".join([table] + listed + left_out)
 
-
-MAX_REJECTIONS_LISTED = 20  # the text summary's rejection lines (--json lists them all)

@@ -1,12 +1,15 @@
-"""Step cost against the batch: an engine step's CPU time with 16 to 1,024 sequences decoding.
+"""Step cost against the batch: an engine step's CPU time with 1 to 1,024 sequences decoding.
 
 Each case builds an engine (scripted source, block size 16, 1,048,576 slots, prefix caching on),
 submits ``N`` requests with prompts of 8 to 40 tokens (seeded) and answers long enough to keep
 all of them decoding, steps until every one decodes, then times ``STEPS`` steps with
 ``step(snapshot=False, outputs=False)`` as a replay takes them (CPU seconds of the process).
-Two ways: ``plain`` (no pool view, nothing recorded: ``simulate`` without ``--trace-out``) and
-``recorded`` (an in-memory :class:`Recording` of every step). The figure is the cost a step and
-the cost each running sequence adds to it: the slope between 64 and 1,024 sequences.
+Three ways: ``plain`` (no pool view, nothing recorded: ``simulate`` without ``--trace-out``),
+``recorded`` (an in-memory :class:`Recording` of every step) and ``traced`` (a trace file written
+in this process, as ``simulate --trace-out`` writes it on one core: the step record narrowed and
+deflated as well). The figures are the cost a step, the cost each running sequence adds to it (the
+slope between 64 and 1,024 sequences) and, at one sequence, the floor: what a step costs whatever
+it does.
 
 A sequence that decodes into a block it holds alone (15 of every 16 tokens here) is taken by
 whole columns (``pagedkv_core/running.py``); the slope that is left is the sequences that cross
@@ -34,28 +37,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script too: benchmarks.* from this tree
 BASELINE_COMMIT = "334a5fe"
-SIZES = (16, 64, 256, 1024)
+SIZES = (1, 16, 64, 256, 1024)
+SLOPE = (64, 1024)  # the sizes the per-sequence slope is taken between (quick: 16 and 64)
 STEPS = 300
 ROUNDS = 3
-WAYS = ("plain", "recorded")
+WAYS = ("plain", "recorded", "traced")
 
 # Run in a child under a tree's root: prints {way: {n: microseconds per step}} as JSON.
 CHILD = r"""
-import json, sys, time
+import json, os, sys, tempfile, time
 import numpy as np
 sys.path.insert(0, ".")
 from pagedkv_core.config import EngineConfig
 from pagedkv_core.engine import Engine
 from pagedkv_core.record.recording import Recording
+from pagedkv_core.record.trace_file import TraceWriter
 from pagedkv_core.sampling import SamplingParams
 from pagedkv_core.sources.scripted import ScriptedSource
 sizes, steps, ways = json.loads(sys.argv[1])
 out = {}
+where = tempfile.mkdtemp()
 for way in ways:
     out[way] = {}
     for n in sizes:
         rng = np.random.default_rng(n)
-        rec = Recording() if way == "recorded" else None
+        trace = os.path.join(where, f"{n}.trace")
+        rec = Recording() if way == "recorded" else TraceWriter(trace) if way == "traced" else None
         engine = Engine(EngineConfig(pool_slots=1 << 20, block_size=16, max_model_len=8192), ScriptedSource(),
                         recording=rec, snapshots=rec is not None)
         for i in range(n):
@@ -68,6 +75,10 @@ for way in ways:
         for _ in range(steps):
             engine.step(snapshot=False, outputs=False)
         out[way][str(n)] = (time.process_time() - t) / steps * 1e6
+        if way == "traced":
+            rec.close()
+            os.remove(trace)
+os.rmdir(where)
 print(json.dumps(out))
 """
 
@@ -86,7 +97,7 @@ def _slope(costs: dict, lo: int, hi: int) -> float:
 def run(quick: bool = False, rounds: int = ROUNDS, baseline: str | None = BASELINE_COMMIT) -> dict:
     from benchmarks.bench_replay_speed import baseline_root, cpu_info
 
-    sizes, steps = ((16, 64), 30) if quick else (SIZES, STEPS)
+    sizes, steps = ((1, 16, 64), 30) if quick else (SIZES, STEPS)
     rounds = 1 if quick else rounds
     roots = {"this engine": ROOT}
     base = baseline_root(baseline) if baseline else None
@@ -97,7 +108,7 @@ def run(quick: bool = False, rounds: int = ROUNDS, baseline: str | None = BASELI
     for _ in range(rounds):  # alternating, so that a change in the machine's speed hits both
         for name, root in roots.items():
             runs[name].append(_measure(root, sizes, steps))
-    lo, hi = (sizes[1] if len(sizes) > 2 else sizes[0]), sizes[-1]
+    lo, hi = (16, 64) if quick else SLOPE
     engines = {}
     for name, got in runs.items():
         med = {way: {str(n): round(statistics.median(r[way][str(n)] for r in got), 1) for n in sizes} for way in WAYS}

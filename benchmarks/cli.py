@@ -50,8 +50,9 @@ BENCHMARKS = {
     "replay-speed": "whole request logs (Azure conv, also every row of it at a 16,384-token context; Mooncake conv) "
                     "at 262,144 slots with --trace-out: wall time, peak RSS, trace size, steps/s while sequences run; "
                     "beside commit 28d078f's engine (as issue 55 found it)",
-    "step-cost": "an engine step's CPU time with 16 to 1,024 sequences decoding, no recording and recorded; "
-                 "the cost each running sequence adds, beside commit 334a5fe's engine",
+    "step-cost": "an engine step's CPU time with 1 to 1,024 sequences decoding, no recording, recorded in memory and "
+                 "traced to a file; the cost each running sequence adds and, at one, a step's floor, beside commit "
+                 "334a5fe's engine",
     "gpu": "CUDA: benchmarks/gpu_kernels.py and benchmarks/gpu_engine.py (skipped without a GPU)",
 }
 MODEL_BENCHMARKS = ("throughput", "overhead", "prefix", "roofline")  # share one loaded model

@@ -14,7 +14,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TABLE = Path(__file__).resolve().parent / "README_TABLE.md"
 ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "playback", "scale", "replay-speed", "step-cost", "roofline",
          "live",
-         "prefix-capacity", "peers", "gpu_engine", "gpu_kernels")
+         "prefix-capacity", "peers", "quiet-steps", "gpu_engine", "gpu_kernels")
 
 
 def load_results(results_dir: Path = RESULTS) -> dict[str, dict]:
@@ -35,6 +35,10 @@ def _verdict(ok) -> str:
 
 def _x(v) -> str:
     return f"{v:.2f}x" if isinstance(v, (int, float)) else str(v)
+
+
+_STEP_COST_WAYS = {"plain": "no recording", "recorded": "in-memory recording",
+                   "traced": "trace file, written in the engine's process"}
 
 
 def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
@@ -134,6 +138,14 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
             rows.append((f"peers: {label} on the Azure conversation log ({r.get('requests_in_log', 0):,} rows)", value,
                          "reported", "-"))
         return rows
+    if name == "quiet-steps":
+        for q in r.get("rows", []):
+            rows.append((f"steps without events in `{q['log']}` (whole, paged, block size {q['block_size']}): what "
+                         "coalescing them into runs could save",
+                         f"{q['steps_coalescing_could_save']:,} of {q['busy_steps']:,} busy steps "
+                         f"({q['share_of_busy_steps_saved']:.1%}); {q['quiet_busy_steps']:,} quiet steps in "
+                         f"{q['quiet_stretches']:,} stretches, the longest {q['longest_stretch']}", "reported", "-"))
+        return rows
     if name == "live":
         for t in r.get("targets", []):
             rows.append((f"live: {t['name']}", str(t["value"]), t["target"].replace(">=", "≥").replace("<=", "≤"),
@@ -219,9 +231,9 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
         sizes = r["setup"]["sizes"]
         lo, hi = r["setup"]["slope_between"]
         for engine, e in r["engines"].items():
-            for way in ("plain", "recorded"):
+            for way in e["us_per_step"]:
                 steps = ", ".join(f"{e['us_per_step'][way][str(n)]:,.0f}" for n in sizes)
-                rows.append((f"step cost, {way} ({'no recording' if way == 'plain' else 'in-memory recording'}), {engine}: "
+                rows.append((f"step cost, {way} ({_STEP_COST_WAYS[way]}), {engine}: "
                              f"µs per step at {', '.join(map(str, sizes))} decoding sequences; µs each sequence adds ({lo} to {hi})",
                              f"{steps}; **{e['us_per_sequence'][way]:.2f}**", "reported", "-"))
         for way, x in r.get("ratio_per_sequence", {}).items():

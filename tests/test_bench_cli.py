@@ -67,10 +67,11 @@ def test_quick_step_cost_measures_each_way_and_the_table_reports_it(tmp_path):
 
     result = bench_step_cost.run(quick=True, baseline=None)
     e = result["engines"]["this engine"]
-    assert set(e["us_per_step"]) == {"plain", "recorded"}
-    assert all(v > 0 for way in e["us_per_step"].values() for v in way.values())
+    assert set(e["us_per_step"]) == {"plain", "recorded", "traced"}
+    assert all(set(way) == {"1", "16", "64"} and all(v > 0 for v in way.values()) for way in e["us_per_step"].values())
     rows = report._rows("step-cost", result)
-    assert len(rows) == 2 and all(r[0].startswith("step cost") for r in rows)
+    assert len(rows) == 3 and all(r[0].startswith("step cost") for r in rows)
+    assert "trace file" in rows[2][0]
 
 
 @pytest.mark.parametrize("args, needle", [

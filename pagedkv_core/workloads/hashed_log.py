@@ -8,10 +8,11 @@ every block before it, so two requests whose first ``k`` ids are equal share the
 published, so pagedkv makes them from the ids:
 
 - **Token ids from hash ids.** Each hash block's tokens are a fixed function of its id alone
-  (:func:`token_run`): its first two tokens spell the id in base 49,149 (the scripted
-  vocabulary past the special tokens), the rest are a PCG64 stream seeded with the id through
-  the splitmix64 mixer of :mod:`pagedkv_core.sources.scripted`; a request's last, partial block takes
-  the first tokens of its id's run. Equal ids give equal runs, so a prefix shared in the log
+  (:func:`token_runs`): its first two tokens spell the id in base 49,149 (the scripted
+  vocabulary past the special tokens); each token ``j`` after them (``j`` >= 2) is splitmix64
+  (the mixer of :mod:`pagedkv_core.sources.scripted`) of the id's own splitmix64 plus ``j``,
+  modulo 49,149, so all of a request's runs come from a few numpy calls; a request's last,
+  partial block takes the first tokens of its id's run. Equal ids give equal runs, so a prefix shared in the log
   is a prefix shared in the engine; distinct ids (below 49,149² ≈ 2.4·10⁹) give runs that differ
   in their first two tokens, so at any block size of two tokens or more the engine's chained
   block hashes match exactly where the log's ids do. At block size 1 two ids that follow the
@@ -41,7 +42,7 @@ import numpy as np
 
 from ..config import MAX_BLOCK_SIZE, ConfigError
 from ..safe_io import loads_json
-from ..sources.scripted import FIRST_TOKEN, VOCAB_SIZE, splitmix64
+from ..sources.scripted import FIRST_TOKEN, VOCAB_SIZE, splitmix64_array
 from .scenarios import (
     DATA_DIR,
     MAX_BUILT_LOG_REQUESTS,
@@ -96,14 +97,24 @@ def hash_block_tokens(length_scale: float) -> int:
 _BASE = VOCAB_SIZE - FIRST_TOKEN  # token ids a run may use
 
 
+def token_runs(hash_ids, block_tokens: int) -> np.ndarray:
+    """``(len(hash_ids), block_tokens)`` int64: the token ids of each hash block, a function of its
+    id alone (the id spelled in two tokens, then splitmix64 of the id's splitmix64 plus the
+    position). A run's first ``k`` tokens are the same at every ``block_tokens`` >= ``k``."""
+    ids = np.asarray(hash_ids, dtype=np.uint64).reshape(-1, 1)
+    out = np.empty((len(ids), block_tokens), dtype=np.int64)
+    head = (ids % np.uint64(_BASE), ids // np.uint64(_BASE) % np.uint64(_BASE))
+    for j in range(min(2, block_tokens)):
+        out[:, j : j + 1] = head[j].astype(np.int64) + FIRST_TOKEN
+    if block_tokens > 2:
+        mixed = splitmix64_array(splitmix64_array(ids) + np.arange(2, block_tokens, dtype=np.uint64))
+        out[:, 2:] = (mixed % np.uint64(_BASE)).astype(np.int64) + FIRST_TOKEN
+    return out
+
+
 def token_run(hash_id: int, block_tokens: int) -> tuple[int, ...]:
-    """The ``block_tokens`` token ids of hash block ``hash_id``, a function of the id alone: the
-    id spelled in two tokens, then a stream seeded with it."""
-    head = (FIRST_TOKEN + hash_id % _BASE, FIRST_TOKEN + hash_id // _BASE % _BASE)[:block_tokens]
-    if block_tokens <= 2:
-        return head
-    rng = np.random.Generator(np.random.PCG64(splitmix64(hash_id)))
-    return head + tuple(rng.integers(FIRST_TOKEN, VOCAB_SIZE, size=block_tokens - 2).tolist())
+    """The ``block_tokens`` token ids of hash block ``hash_id`` (:func:`token_runs` of one id)."""
+    return tuple(token_runs([hash_id], block_tokens)[0].tolist())
 
 
 def scaled_prompt_len(row: HashedLogRow, block_tokens: int) -> int:
@@ -114,22 +125,13 @@ def scaled_prompt_len(row: HashedLogRow, block_tokens: int) -> int:
     return (n - 1) * block_tokens + max(1, round(tail * block_tokens / HASH_BLOCK))
 
 
-def prompt_tokens(hash_ids: Iterable[int], prompt_len: int, block_tokens: int,
-                  runs: dict[int, tuple[int, ...]] | None = None) -> tuple[int, ...]:
+def prompt_tokens(hash_ids, prompt_len: int, block_tokens: int) -> tuple[int, ...]:
     """A prompt of ``prompt_len`` tokens: the runs of its hash ids, the last one cut to what is
-    left. ``runs`` caches the runs by id (requests that share ids then share the token objects)."""
-    runs = {} if runs is None else runs
-    parts = []
-    left = prompt_len
-    for h in hash_ids:
-        if left <= 0:
-            break
-        run = runs.get(h)
-        if run is None:
-            run = runs[h] = token_run(h, block_tokens)
-        parts.append(run if left >= block_tokens else run[:left])
-        left -= block_tokens
-    return tuple(t for part in parts for t in part) if len(parts) > 1 else (parts[0] if parts else ())
+    left (one :func:`token_runs` call for all of them)."""
+    if prompt_len <= 0:
+        return ()
+    needed = -(-prompt_len // block_tokens)
+    return tuple(token_runs(list(hash_ids)[:needed], block_tokens).reshape(-1)[:prompt_len].tolist())
 
 
 def dividing_block_sizes(block_tokens: int) -> list[int]:
@@ -253,14 +255,13 @@ def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOp
     if limits:
         _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
                             "use fewer requests (count) or a length_scale below 1")
-    runs: dict[int, tuple[int, ...]] = {}
     reqs = []
     for (r, prompt, answer, mt), step, problem in zip(kept, steps, problems):
         rid = f"r{r.line}"
         if problem is not None:
             reqs.append(WorkloadRequest(rid, (), 1, 1, arrival_step=step, reject_reason=problem))
             continue
-        reqs.append(WorkloadRequest(rid, prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step))
+        reqs.append(WorkloadRequest(rid, prompt_tokens(r.hash_ids, prompt, block), answer, mt, arrival_step=step))
     if description is None:
         description = _log_description(file_name, opt, len(kept), kept[0][0].line, w.last, w.left_out, w.context,
                                          w.cap, w.over)
@@ -270,19 +271,6 @@ def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOp
 
 
 # ---------------------------------------------------------------------------- streamed
-STREAM_RUN_CACHE = 2048  # token runs a streamed log keeps (conversation turns reuse recent ids)
-
-
-class _RecentRuns(dict):
-    """Token runs by hash id, the oldest dropped past :data:`STREAM_RUN_CACHE` (a streamed log
-    of any length holds a bounded cache; a dropped run is remade, the same tokens)."""
-
-    def __setitem__(self, key, value) -> None:
-        super().__setitem__(key, value)
-        if len(self) > STREAM_RUN_CACHE:
-            del self[next(iter(self))]
-
-
 def stream_hashed_log(path, seed: int = 0, **options) -> LogStream | None:
     """A hashed log file as a :class:`~pagedkv_core.workloads.scenarios.LogStream` (the same
     requests :func:`load_hashed_log` builds, read while the run goes); None when its lines are
@@ -290,13 +278,12 @@ def stream_hashed_log(path, seed: int = 0, **options) -> LogStream | None:
     path = Path(path)
     opt = hashed_log_options(**options)
     block = hash_block_tokens(opt.length_scale)
-    runs = _RecentRuns()
 
     def make(r: HashedLogRow, prompt: int, answer: int, mt: int, step: int) -> WorkloadRequest:
         problem = _row_problem(prompt, answer, mt)
         if problem is not None:
             return WorkloadRequest(f"r{r.line}", (), 1, 1, arrival_step=step, reject_reason=problem)
-        return WorkloadRequest(f"r{r.line}", prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step)
+        return WorkloadRequest(f"r{r.line}", prompt_tokens(r.hash_ids, prompt, block), answer, mt, arrival_step=step)
 
     stream = stream_log(lambda: hashed_log_rows(_open_log(path, MAX_STREAMED_LOG_BYTES), path.name, opt.start),
                         path.name, opt, where="line", prompt_len=lambda r: scaled_prompt_len(r, block),

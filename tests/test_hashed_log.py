@@ -127,6 +127,39 @@ def test_distinct_ids_give_distinct_runs_in_the_shipped_log():
     assert token_run(7, 512)[:32] != token_run(8, 512)[:32] and token_run(7, 32) == token_run(7, 32)
 
 
+def test_a_run_is_the_id_in_two_tokens_then_splitmix64_of_the_ids_mix_plus_the_position():
+    from pagedkv_core.sources.scripted import splitmix64
+    from pagedkv_core.workloads.hashed_log import token_runs
+
+    def by_hand(h: int, n: int) -> tuple[int, ...]:  # the module docstring's definition, in plain ints
+        key = splitmix64(h)
+        body = [3 + splitmix64((key + j) % 2**64) % 49_149 for j in range(2, n)]
+        return (3 + h % 49_149, 3 + h // 49_149 % 49_149, *body)[:n]
+
+    for h in (0, 1, 49_148, 49_149, 123_456_789, 2**40 + 5):
+        for n in (1, 2, 3, 32, 512):
+            assert token_run(h, n) == by_hand(h, n)
+    runs = token_runs([5, 0, 5], 16)
+    assert runs.shape == (3, 16) and runs.dtype.name == "int64" and (runs[0] == runs[2]).all()
+    assert tuple(runs[1].tolist()) == by_hand(0, 16)
+
+
+def test_a_prompt_is_its_runs_cut_to_its_length_and_shares_them_through_the_cache():
+    from pagedkv_core.workloads.hashed_log import STREAM_RUN_CACHE, _RecentRuns, prompt_tokens
+
+    runs: dict = {}
+    p = prompt_tokens([5, 9, 5, 11, 12], 100, 32, runs)  # 4 blocks cover 100 tokens: id 12 is not needed
+    assert p == (token_run(5, 32) + token_run(9, 32) + token_run(5, 32) + token_run(11, 32))[:100]
+    assert sorted(runs) == [5, 9, 11]
+    again = prompt_tokens([5], 32, 32, runs)
+    assert again is runs[5]  # a whole run: the cached tuple itself
+    assert prompt_tokens([5, 9], 0, 32) == () and prompt_tokens([7], 10, 32) == token_run(7, 32)[:10]
+    recent = _RecentRuns()
+    for i in range(STREAM_RUN_CACHE + 100):
+        prompt_tokens([3 * i, 3 * i + 1, 3 * i + 2], 80, 32, recent)
+    assert len(recent) == STREAM_RUN_CACHE  # bounded: the oldest runs dropped
+
+
 def test_a_block_size_that_does_not_divide_the_hash_block_is_refused_with_the_sizes_that_work(head_rows):
     assert block_size_problem(32, 16) is None and block_size_problem(512, 128) is None
     msg = block_size_problem(32, 48)

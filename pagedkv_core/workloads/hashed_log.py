@@ -36,6 +36,7 @@ import io
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -125,13 +126,22 @@ def scaled_prompt_len(row: HashedLogRow, block_tokens: int) -> int:
     return (n - 1) * block_tokens + max(1, round(tail * block_tokens / HASH_BLOCK))
 
 
-def prompt_tokens(hash_ids, prompt_len: int, block_tokens: int) -> tuple[int, ...]:
+def prompt_tokens(hash_ids: Iterable[int], prompt_len: int, block_tokens: int,
+                  runs: dict[int, tuple[int, ...]] | None = None) -> tuple[int, ...]:
     """A prompt of ``prompt_len`` tokens: the runs of its hash ids, the last one cut to what is
-    left (one :func:`token_runs` call for all of them)."""
+    left. ``runs`` caches the runs by id (requests that share ids then share the token objects);
+    the runs it lacks are made together, by one :func:`token_runs` call."""
     if prompt_len <= 0:
         return ()
-    needed = -(-prompt_len // block_tokens)
-    return tuple(token_runs(list(hash_ids)[:needed], block_tokens).reshape(-1)[:prompt_len].tolist())
+    runs = {} if runs is None else runs
+    ids = list(hash_ids)[: -(-prompt_len // block_tokens)]
+    missing = [h for h in dict.fromkeys(ids) if h not in runs]
+    made = dict(zip(missing, map(tuple, token_runs(missing, block_tokens).tolist()))) if missing else {}
+    parts = [made.get(h) or runs[h] for h in ids]
+    for h, run in made.items():  # one at a time: a bounded cache drops its oldest as it goes
+        runs[h] = run
+    parts[-1] = parts[-1][: prompt_len - (len(ids) - 1) * block_tokens]
+    return parts[0] if len(parts) == 1 else tuple(chain.from_iterable(parts))
 
 
 def dividing_block_sizes(block_tokens: int) -> list[int]:
@@ -255,13 +265,14 @@ def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOp
     if limits:
         _check_total_tokens(file_name, sum(k[1] for k, p in zip(kept, problems) if p is None),
                             "use fewer requests (count) or a length_scale below 1")
+    runs: dict[int, tuple[int, ...]] = {}
     reqs = []
     for (r, prompt, answer, mt), step, problem in zip(kept, steps, problems):
         rid = f"r{r.line}"
         if problem is not None:
             reqs.append(WorkloadRequest(rid, (), 1, 1, arrival_step=step, reject_reason=problem))
             continue
-        reqs.append(WorkloadRequest(rid, prompt_tokens(r.hash_ids, prompt, block), answer, mt, arrival_step=step))
+        reqs.append(WorkloadRequest(rid, prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step))
     if description is None:
         description = _log_description(file_name, opt, len(kept), kept[0][0].line, w.last, w.left_out, w.context,
                                          w.cap, w.over)
@@ -271,6 +282,19 @@ def hashed_log_workload(rows: Iterable[HashedLogRow], file_name: str, opt: LogOp
 
 
 # ---------------------------------------------------------------------------- streamed
+STREAM_RUN_CACHE = 2048  # token runs a streamed log keeps (conversation turns reuse recent ids)
+
+
+class _RecentRuns(dict):
+    """Token runs by hash id, the oldest dropped past :data:`STREAM_RUN_CACHE` (a streamed log
+    of any length holds a bounded cache; a dropped run is remade, the same tokens)."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if len(self) > STREAM_RUN_CACHE:
+            del self[next(iter(self))]
+
+
 def stream_hashed_log(path, seed: int = 0, **options) -> LogStream | None:
     """A hashed log file as a :class:`~pagedkv_core.workloads.scenarios.LogStream` (the same
     requests :func:`load_hashed_log` builds, read while the run goes); None when its lines are
@@ -278,12 +302,13 @@ def stream_hashed_log(path, seed: int = 0, **options) -> LogStream | None:
     path = Path(path)
     opt = hashed_log_options(**options)
     block = hash_block_tokens(opt.length_scale)
+    runs = _RecentRuns()
 
     def make(r: HashedLogRow, prompt: int, answer: int, mt: int, step: int) -> WorkloadRequest:
         problem = _row_problem(prompt, answer, mt)
         if problem is not None:
             return WorkloadRequest(f"r{r.line}", (), 1, 1, arrival_step=step, reject_reason=problem)
-        return WorkloadRequest(f"r{r.line}", prompt_tokens(r.hash_ids, prompt, block), answer, mt, arrival_step=step)
+        return WorkloadRequest(f"r{r.line}", prompt_tokens(r.hash_ids, prompt, block, runs), answer, mt, arrival_step=step)
 
     stream = stream_log(lambda: hashed_log_rows(_open_log(path, MAX_STREAMED_LOG_BYTES), path.name, opt.start),
                         path.name, opt, where="line", prompt_len=lambda r: scaled_prompt_len(r, block),

@@ -36,7 +36,7 @@ import io
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 
 import numpy as np
@@ -138,8 +138,7 @@ def prompt_tokens(hash_ids: Iterable[int], prompt_len: int, block_tokens: int,
     missing = [h for h in dict.fromkeys(ids) if h not in runs]
     made = dict(zip(missing, map(tuple, token_runs(missing, block_tokens).tolist()))) if missing else {}
     parts = [made.get(h) or runs[h] for h in ids]
-    for h, run in made.items():  # one at a time: a bounded cache drops its oldest as it goes
-        runs[h] = run
+    runs.update(made)  # a bounded cache (_RecentRuns) drops its oldest after
     parts[-1] = parts[-1][: prompt_len - (len(ids) - 1) * block_tokens]
     return parts[0] if len(parts) == 1 else tuple(chain.from_iterable(parts))
 
@@ -293,6 +292,12 @@ class _RecentRuns(dict):
         super().__setitem__(key, value)
         if len(self) > STREAM_RUN_CACHE:
             del self[next(iter(self))]
+
+    def update(self, runs: dict) -> None:
+        """Many runs at once, then the oldest dropped past the bound (one pass, not one a run)."""
+        super().update(runs)
+        for old in list(islice(iter(self), max(0, len(self) - STREAM_RUN_CACHE))):
+            del self[old]
 
 
 def stream_hashed_log(path, seed: int = 0, **options) -> LogStream | None:

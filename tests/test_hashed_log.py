@@ -153,7 +153,8 @@ def test_a_prompt_is_its_runs_cut_to_its_length_and_shares_them_through_the_cach
     assert sorted(runs) == [5, 9, 11]
     again = prompt_tokens([5], 32, 32, runs)
     assert again is runs[5]  # a whole run: the cached tuple itself
-    assert prompt_tokens([5, 9], 0, 32) == () and prompt_tokens([7], 10, 32) == token_run(7, 32)[:10]
+    assert prompt_tokens([5, 9], 0, 32) == () == prompt_tokens([], 40, 32)
+    assert prompt_tokens([7], 10, 32) == token_run(7, 32)[:10]
     recent = _RecentRuns()
     for i in range(STREAM_RUN_CACHE + 100):
         prompt_tokens([3 * i, 3 * i + 1, 3 * i + 2], 80, 32, recent)

@@ -131,10 +131,10 @@ def prompt_tokens(hash_ids: Iterable[int], prompt_len: int, block_tokens: int,
     """A prompt of ``prompt_len`` tokens: the runs of its hash ids, the last one cut to what is
     left. ``runs`` caches the runs by id (requests that share ids then share the token objects);
     the runs it lacks are made together, by one :func:`token_runs` call."""
-    if prompt_len <= 0:
+    ids = list(hash_ids)[: max(0, -(-prompt_len // block_tokens))]
+    if not ids:
         return ()
     runs = {} if runs is None else runs
-    ids = list(hash_ids)[: -(-prompt_len // block_tokens)]
     missing = [h for h in dict.fromkeys(ids) if h not in runs]
     made = dict(zip(missing, map(tuple, token_runs(missing, block_tokens).tolist()))) if missing else {}
     parts = [made.get(h) or runs[h] for h in ids]

@@ -60,6 +60,7 @@ LOGS = {
     "mooncake-conv": (DATA / "mooncake_fast25" / "conversation_trace.jsonl", ["--length-scale", "1/16"]),
 }
 ALLOCATORS = {"paged": [], "orca-max": ["--allocator", "contiguous"]}
+PAGED_BLOCK_SIZE = {"mooncake-conv": 32}  # where the paged engine runs a log at another than the CLI's block size
 # A log's allocators when not all of them (above: why Orca (Max) does not run every Azure row), and
 # the logs the older engine runs (whole, at the CLI's default context), and what this engine adds to run
 # the same requests as it does (it left out the rows longer than the context).
@@ -110,8 +111,8 @@ def case(root: Path, log: str, allocator: str, count: int | None, quick: bool, f
     """One ``simulate`` run in a child process under ``root``'s engine (``flags``: more of its flags)."""
     path, extra = LOGS[log]
     extra = [*extra, *flags]
-    if log == "mooncake-conv" and allocator == "paged":
-        extra = [*extra, "--block-size", "32"]
+    if allocator == "paged" and log in PAGED_BLOCK_SIZE:
+        extra = [*extra, "--block-size", str(PAGED_BLOCK_SIZE[log])]
     if quick:
         count = min(count or 300, 300)
     with tempfile.TemporaryDirectory() as d:

@@ -22,14 +22,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_replay_speed import LOGS, POOL, cpu_info  # noqa: E402
+from benchmarks.bench_replay_speed import LOGS, PAGED_BLOCK_SIZE, POOL, cpu_info  # noqa: E402
 from pagedkv_core.cli.parsing import length_scale  # noqa: E402
 from pagedkv_core.config import EngineConfig  # noqa: E402
 from pagedkv_core.engine import Engine  # noqa: E402
 from pagedkv_core.sources.scripted import ScriptedSource  # noqa: E402
 from pagedkv_core.workloads.scenarios import LogStream, stream_workload_file  # noqa: E402
 
-BLOCK_SIZE = {"azure-conv": 16, "mooncake-conv": 32}  # as bench replay-speed runs them, paged
+QUIET_LOGS = ("azure-conv", "mooncake-conv")  # bench replay-speed's whole logs at their default context
 
 
 class QuietSteps:
@@ -76,27 +76,27 @@ def count(log: str, requests: int | None = None) -> dict:
         options["length_scale"] = length_scale(extra[1])
     workload = stream_workload_file(path, 0, **options)
     counter = QuietSteps()
-    engine = Engine(EngineConfig(pool_slots=POOL, block_size=BLOCK_SIZE[log]), ScriptedSource(), recording=counter,
-                    snapshots=False, skip_idle=True)
+    config = EngineConfig(pool_slots=POOL, **({"block_size": PAGED_BLOCK_SIZE[log]} if log in PAGED_BLOCK_SIZE else {}))
+    engine = Engine(config, ScriptedSource(), recording=counter, snapshots=False, skip_idle=True)
     if isinstance(workload, LogStream):
         engine.feed(workload.requests())
     else:
         workload.submit(engine)
     t = time.perf_counter()
     engine.run(snapshot=False)
-    return {"log": log, "requests": requests or "all", "block_size": BLOCK_SIZE[log], "pool_slots": POOL,
+    return {"log": log, "requests": requests or "all", "block_size": config.block_size, "pool_slots": POOL,
             "seconds": round(time.perf_counter() - t, 1), **counter.result()}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--log", choices=sorted(BLOCK_SIZE), action="append", help="default: both")
+    p.add_argument("--log", choices=QUIET_LOGS, action="append", help="default: both")
     p.add_argument("--count", type=int, default=None, help="the log's first N requests (default: all)")
     p.add_argument("--out", type=Path, default=None, help="a JSON file for the result")
     args = p.parse_args(argv)
     if args.count is not None and args.count < 1:
         p.error("--count must be >= 1")
-    rows = [count(log, args.count) for log in (args.log or sorted(BLOCK_SIZE))]
+    rows = [count(log, args.count) for log in (args.log or QUIET_LOGS)]
     result = {"benchmark": "steps without events in whole request logs (what coalescing could take)",
               "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), **cpu_info(),
               "command": " ".join(["python benchmarks/quiet_steps.py", *(argv if argv is not None else sys.argv[1:])]),

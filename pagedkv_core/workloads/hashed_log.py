@@ -104,9 +104,9 @@ def token_runs(hash_ids, block_tokens: int) -> np.ndarray:
     position). A run's first ``k`` tokens are the same at every ``block_tokens`` >= ``k``."""
     ids = np.asarray(hash_ids, dtype=np.uint64).reshape(-1, 1)
     out = np.empty((len(ids), block_tokens), dtype=np.int64)
-    head = (ids % np.uint64(_BASE), ids // np.uint64(_BASE) % np.uint64(_BASE))
-    for j in range(min(2, block_tokens)):
-        out[:, j : j + 1] = head[j].astype(np.int64) + FIRST_TOKEN
+    base = np.uint64(_BASE)
+    head = np.hstack([ids % base, ids // base % base]).astype(np.int64) + FIRST_TOKEN
+    out[:, :2] = head[:, :block_tokens]
     if block_tokens > 2:
         mixed = splitmix64_array(splitmix64_array(ids) + np.arange(2, block_tokens, dtype=np.uint64))
         out[:, 2:] = (mixed % np.uint64(_BASE)).astype(np.int64) + FIRST_TOKEN

@@ -73,7 +73,7 @@ def engine_point(workload, blocks: int, eviction: str) -> dict:
     """The request log (``workload``, from :func:`log_workload`) on the engine with a pool of
     ``blocks`` blocks of 32 slots. Nothing reads a snapshot: the engine keeps no pool view."""
     config = EngineConfig(pool_slots=blocks * BLOCK_SIZE, block_size=BLOCK_SIZE, eviction=eviction)
-    engine = Engine(config, ScriptedSource(), snapshots=False)
+    engine = Engine(config, ScriptedSource(), snapshots=False, coalesce=True)
     workload.submit(engine)
     t0 = time.perf_counter()
     s = engine.run(snapshot=False)

@@ -27,6 +27,17 @@ stretch (nothing waiting, running or swapped, the next arrival steps ahead) pass
 ``step()`` call: its metrics say how many steps it skipped (``idle_skipped``), a recording still
 gets every step (each a copy of the first, which changed nothing), and arrival steps keep their
 meaning.
+
+With ``Engine(..., coalesce=True)`` (no pool view, no recording, a source that answers decode
+runs: the scripted one) a *decode run* passes in one ``step()`` call that reads no outputs: when,
+after a step, nothing waits or is swapped out, no request arrives for a while, and every running
+sequence has its next tokens' slots in a block it holds alone and is far from any length that
+may end it, the next steps can do nothing but one plain decode each. They are taken at once
+(:meth:`Scheduler.run_decodes`: the tokens in one call of the source, each block's fill moved on
+once) and counted as the steps they are: the run's statistics and summary are those of the same
+steps one by one, to the bit, but for the token source's time (``mean_execute_s``).
+:attr:`Engine.decode_run` says what the last call took so (:class:`DecodeRun`), for a reader of
+its steps (the waste split).
 """
 from __future__ import annotations
 
@@ -34,6 +45,9 @@ import dataclasses
 import heapq
 import operator
 import time
+from typing import NamedTuple
+
+import numpy as np
 
 from .kv.changes import ChangeLog
 from .kv.registry import build_allocator
@@ -70,6 +84,18 @@ class StartedStep:
         return bool(b.num_seqs or b.swap_out or b.swap_in or b.copies)
 
 
+class DecodeRun(NamedTuple):
+    """The steps a :meth:`Engine.step` call took after its own (``Engine(coalesce=True)``): ``steps``
+    of them from ``first_step``, in each of which every one of the ``num_seqs`` running sequences
+    (the same ones, in the same order) decoded one token plainly and nothing else happened."""
+
+    first_step: int
+    steps: int
+    num_seqs: int
+
+
+NO_LIMIT = 1 << 62  # a decode run's length when no arrival bounds it (each sequence's own length does)
+
 _INDEX = operator.attrgetter("index")  # requests in submission order
 _REQUEST, _SEQ_ID = operator.attrgetter("request"), operator.attrgetter("seq_id")
 _FINISHED = int(SequenceStatus.FINISHED)
@@ -100,18 +126,27 @@ def kept_request_id(request_id) -> str:
 
 class Engine:
     def __init__(self, config: EngineConfig, source: TokenSource, recording=None, kv_event_sink=None, *,
-                 snapshots: bool = True, skip_idle: bool = False):
+                 snapshots: bool = True, skip_idle: bool = False, coalesce: bool = False):
         """``kv_event_sink`` (paged allocators): told of prefix-cache blocks stored, evicted and
         cleared, and ``flush()``-ed at the end of every step (see pagedkv_core.observe.publisher).
         ``snapshots=False``: :meth:`step` is only ever called with ``snapshot=False``; without a
         recording either, the engine keeps no pool view and the allocator logs nothing.
-        ``skip_idle``: an idle stretch passes in one :meth:`step` call (see the module docstring)."""
+        ``skip_idle``: an idle stretch passes in one :meth:`step` call; ``coalesce``: so does a
+        decode run (both: see the module docstring)."""
         self.config = config
         self.source = source
         self.max_model_len = min(config.max_model_len, int(source.max_model_len))
         self._arrivals: list[Event] = []  # this step's rejections, before the scheduler's events
         self.kv_event_sink = kv_event_sink
         viewed = snapshots or recording is not None
+        if coalesce and viewed:
+            raise ValueError("coalesce=True needs snapshots=False and no recording: a pool view and a recording "
+                             "take every step one by one")
+        if coalesce and not getattr(source, "answers_runs", False):
+            raise ValueError("coalesce=True needs a token source that answers decode runs (the scripted source)")
+        self.coalesce = coalesce
+        self.decode_run: DecodeRun | None = None  # what the last step() call took after its step
+        self.coalesced_steps = 0  # steps taken so, over the run
         self._changes = ChangeLog() if viewed else None
         self.allocator = build_allocator(config, self.max_model_len, self._changes, kv_event_sink=kv_event_sink)
         self.view = PoolView.of(self.allocator) if viewed else None  # the arrays snapshots and recordings read
@@ -318,6 +353,7 @@ class Engine:
         (seq id -> new tokens; ``{}`` when it ``executes`` nothing), ``execute_s`` the seconds
         they took. Returns what :meth:`step` returns."""
         step, plan, snapshot = started.step, started.plan, started.snapshot
+        wants_outputs = outputs
         if step != self.step_index:
             raise RuntimeError(f"finish_step for step {step}, but the engine is at step {self.step_index}")
         sched = self.scheduler
@@ -347,10 +383,41 @@ class Engine:
                 snap = take_snapshot(step, self.view, seqs, events, metrics)
         if skipped:
             self._skip_idle(step, skipped, seqs, metrics)
+        run = self.decode_run = None if skipped or not self.coalesce or wants_outputs else self._run_decodes(step, metrics)
         if self.kv_event_sink is not None:
             self.kv_event_sink.flush()
-        self.step_index += 1 + skipped
+        self.step_index += 1 + skipped + (run.steps if run is not None else 0)
         return outputs, snap
+
+    def _run_decodes(self, step: int, metrics: StepMetrics) -> DecodeRun | None:
+        """With ``coalesce``: the decode run after ``step`` (whose metrics are ``metrics``), taken
+        and counted; None where the next step may do anything else."""
+        sched = self.scheduler
+        nxt = self._next_arrival()
+        steps = sched.quiet_ahead(NO_LIMIT if nxt is None else nxt - step - 1)
+        if steps <= 0:
+            return None
+        running = sched.running
+        tokens = self.source.decode_run(running, steps)
+        stops = sched.stop_tokens
+        if len(stops):  # a token that may stop its sequence: the run ends before its step
+            hit = np.isin(tokens, stops).any(axis=0)
+            if hit.any():
+                steps = int(hit.argmax())
+                if steps == 0:
+                    return None
+                tokens = tokens[:, :steps]
+        sched.run_decodes(tokens)
+        n = len(running)
+        filled, generated, allocated = metrics.filled_slots, metrics.tokens_generated, metrics.allocated_slots
+        for j in range(1, steps + 1):  # each step's metrics, as the step alone would have them
+            f = filled + j * n
+            self.stats.add(dataclasses.replace(
+                metrics, filled_slots=f, token_utilization=f / allocated if allocated else 0.0, step_preemptions=0,
+                step_tokens=n, step_prefill_tokens=0, step_decode_tokens=n, step_tokens_generated=n,
+                tokens_generated=generated + j * n, execute_s=0.0, idle_skipped=0))
+        self.coalesced_steps += steps
+        return DecodeRun(step + 1, steps, n)
 
     def _idle_ahead(self, step: int, batch, events) -> int:
         """With ``skip_idle``: the steps after an idle ``step`` (it did nothing and nothing is

@@ -135,6 +135,19 @@ class RunningSet:
             self._cols[LANE, at] = lane
         return lane[OVER]
 
+    def advance_run(self, steps: int, last: np.ndarray, decode_slot) -> None:
+        """Every running sequence took ``steps`` tokens by plain decodes (a decode run), the last
+        ``last[i]``: each counter moves on by ``steps``; a known plain decode's slot is asked
+        again (``decode_slot(seq)``), as is its last token."""
+        n = len(self.seqs)
+        cols = self._cols[:, :n]
+        cols[_COUNTERS] += steps
+        known = np.flatnonzero(cols[SLOT] >= 0).tolist()
+        if known:
+            seqs = self.seqs
+            cols[SLOT, known] = [decode_slot(seqs[i]) for i in known]
+            cols[LAST, known] = last[known]
+
     def rows(self, allocator) -> np.ndarray:
         """``(7, len(self))``: each running sequence's tokens, computed tokens, id, request
         index, sample index, blocks and reservation start (-1: none), in the running order

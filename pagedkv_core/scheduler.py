@@ -525,6 +525,52 @@ class Scheduler:
             children.append(child)
         return children
 
+    # ------------------------------------------------------------------ decode runs
+    @property
+    def stop_tokens(self) -> np.ndarray:
+        """Every token that can stop some sequence (sorted int64)."""
+        return self._stop_array
+
+    def quiet_ahead(self, limit: int) -> int:
+        """How many of the next steps, at most ``limit``, can do nothing but a plain decode of
+        every running sequence: nothing waits or is swapped out, the token budget takes them
+        all, and none crosses a block boundary or reaches a length that may end it (a stop
+        token among their tokens is the caller's to look for). 0: the next step may do more."""
+        running = self.running
+        if limit <= 0 or not running or self.waiting or self.swapped:
+            return 0
+        if self.budget_per_step is not None and self.budget_per_step < len(running):
+            return 0
+        plain = self.allocator.plain_decodes
+        k = limit
+        for seq in running:
+            ids = seq.token_ids
+            left = min(plain(seq), seq.stop_at - len(ids) - 1) if len(ids) > seq.num_prompt_tokens else 0
+            if left < k:
+                if left <= 0:
+                    return 0
+                k = left
+        return k
+
+    def run_decodes(self, tokens: np.ndarray) -> StepCounts:
+        """``tokens.shape[1]`` steps at once, each a plain decode of every running sequence
+        (``tokens[i]``: sequence ``i``'s tokens, in the running order; at most what
+        :meth:`quiet_ahead` allowed): the counts of each of those steps, alike."""
+        running = self.running
+        n, k = tokens.shape
+        if n != len(running) or k < 1:
+            raise ValueError(f"a decode run of {k} step(s) for {n} sequence(s), with {len(running)} running")
+        self.allocator.write_decode_run(running, k)
+        for seq, row in zip(running, tokens.tolist()):
+            seq.token_ids.extend(row)
+            seq.num_computed += k
+        if self.keeps_columns:
+            self._run.advance_run(k, tokens[:, -1], self.allocator.decode_slot)
+        counts = StepCounts(num_running=n, tokens=n, decode_tokens=n, tokens_generated=n)
+        for _ in range(k):
+            self.totals.add(counts)
+        return counts
+
     def running_rows(self):
         """The running sequences' listed state, ``(7, len(running))``: see :meth:`.running.RunningSet.rows`
         (read from the columns where the last step kept them; from each sequence otherwise)."""

@@ -187,10 +187,16 @@ class WasteAccumulator:
         view is needed): the allocator's counters, the live sequences' arrays the step built, and
         for a paged allocator the sequences' current blocks and their reference counts, read from
         it. No per-slot copy. ``steps``: that many steps of this state (an idle stretch the engine
-        skipped in one call): with no live sequence they cost O(1) here, not one add each."""
+        skipped in one call): with no live sequence they cost O(1) here, not one add each. A
+        decode run the call took after its step (``engine.decode_run``, ``Engine(coalesce=True)``)
+        is among those steps: its steps are added as one (:meth:`add_decode_run`)."""
         if steps < 1:
             return
-        self._add_engine(engine)
+        run = getattr(engine, "decode_run", None)
+        self._add_engine(engine, run)
+        if run is not None:
+            self.add_decode_run(run.steps, run.num_seqs)
+            steps -= run.steps
         if steps > 1 and not len(self._open[0]):  # nothing live: the steps repeat the counters alone
             self._count(*self._last, times=steps - 1)
             self._open_step += steps - 1
@@ -198,16 +204,20 @@ class WasteAccumulator:
         for _ in range(steps - 1):
             self._add_engine(engine)
 
-    def _add_engine(self, engine) -> None:
+    def _add_engine(self, engine, run=None) -> None:
+        """The engine's step; with ``run`` (its decode run after the step) the state before the run."""
         from .snapshot import seq_arrays
 
         alloc = engine.allocator
-        seqs = getattr(engine, "last_seqs", None)  # the step already built them
+        seqs = getattr(engine, "last_seqs", None)  # the step already built them (before any decode run)
         if seqs is None:
             seqs = seq_arrays(alloc, engine.scheduler, tables=False)
+        usage = alloc.usage()
+        if run is not None:  # the run filled a slot a sequence a step
+            usage = usage._replace(filled_slots=usage.filled_slots - run.steps * run.num_seqs)
         paged = alloc.kind == "paged"
         tails = paged and alloc.num_forks > 0  # before any fork no block with room is shared
-        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, alloc.usage(), seqs,
+        self.add_step(alloc.kind, alloc.num_slots, alloc.block_size, usage, seqs,
                       alloc.ref_counts if tails else None, block_at=alloc.blocks_at if tails else None)
 
     def add_step(self, kind: str, num_slots: int, block_size: int, metrics, seqs, block_ref, block_at=None) -> None:
@@ -252,6 +262,31 @@ class WasteAccumulator:
                 own = has.copy()
                 own[srows] = False
         self._extend(step, ids, lo, hi, own)
+
+    def add_decode_run(self, steps: int, num_seqs: int) -> None:
+        """``steps`` more steps in which each of the last step's ``num_seqs`` live sequences (all
+        of them, with ranges of their own) wrote one more position into what it holds: one more
+        filled slot each a step, every open run moved on ``steps`` positions, in O(1) numpy calls."""
+        o_ids, o_own, o_first, o_lo0, o_lo, o_hi = self._open
+        if steps < 1:
+            return
+        if len(o_ids) != num_seqs or not o_own.all() or (o_lo + steps >= o_hi).any():
+            raise ValueError(f"a decode run of {num_seqs} sequence(s) over {len(o_ids)} live, not all with room left")
+        num_slots, allocated, token, external = self._last
+        tokens = token + num_seqs * np.arange(1, steps + 1, dtype=np.int64)
+        if self.per_step:
+            self._steps += steps
+            self._last = (num_slots, allocated, int(tokens[-1]), external)
+            self._num_slots.extend([num_slots] * steps)
+            self._allocated.extend([allocated] * steps)
+            self._token.extend(tokens.tolist())
+            self._external.extend([external] * steps)
+        else:
+            self._count(num_slots, allocated, 0, external, times=steps)  # allocated: a sequence holds slots
+            self._sums[1] += int(tokens.sum())
+            self._last = (num_slots, allocated, int(tokens[-1]), external)
+        self._open = (o_ids, o_own, o_first, o_lo0, o_lo + steps, o_hi)
+        self._open_step += steps
 
     def _extend(self, step: int, ids, lo, hi, own) -> None:
         """Move the open runs on to ``step``, at which the live sequences ``ids`` have the ranges

@@ -69,6 +69,18 @@ def scripted_tokens(request_ids: list[str], sample_indices: list[int], positions
     return (x % np.uint64(VOCAB_SIZE - FIRST_TOKEN) + np.uint64(FIRST_TOKEN)).tolist()
 
 
+def scripted_token_runs(request_ids: list[str], sample_indices: list[int], positions: list[int], steps: int) -> np.ndarray:
+    """``(len(request_ids), steps)`` int64: row ``i`` holds :func:`scripted_token` of
+    ``(request_ids[i], sample_indices[i], positions[i] + j)`` for ``j`` in ``range(steps)``."""
+    known = _request_keys.get
+    keys = np.array([k if k is not None else _request_key(r) for k, r in zip(map(known, request_ids), request_ids)],
+                    dtype=np.uint64)
+    base = keys + np.array(sample_indices, dtype=np.uint64) * _GOLDEN
+    at = np.array(positions, dtype=np.uint64)[:, None] + np.arange(steps, dtype=np.uint64)
+    x = splitmix64_array(base[:, None] + (at << np.uint64(20)))
+    return (x % np.uint64(VOCAB_SIZE - FIRST_TOKEN) + np.uint64(FIRST_TOKEN)).astype(np.int64)
+
+
 def scripted_token(request_id: str, sample_index: int, position: int) -> int:
     """The scripted token id (in [FIRST_TOKEN, VOCAB_SIZE)) at an output position."""
     x = splitmix64((_request_key(request_id) + sample_index * 0x9E3779B97F4A7C15 + (position << 20)) & _MASK)
@@ -98,6 +110,19 @@ class ScriptedSource:
         """False unless a subclass overrides :meth:`execute`: this one writes no K/V, so it needs
         no slots nor block tables."""
         return type(self).execute is not ScriptedSource.execute
+
+    @property
+    def answers_runs(self) -> bool:
+        """Whether :meth:`decode_run` gives the tokens :meth:`execute` would: unless a subclass
+        overrides :meth:`execute`."""
+        return type(self).execute is ScriptedSource.execute
+
+    def decode_run(self, seqs: list, steps: int) -> np.ndarray:
+        """The next ``steps`` tokens of each of ``seqs`` (running sequences that only decode), as
+        ``steps`` calls of :meth:`execute` would answer them: ``(len(seqs), steps)`` int64."""
+        self.steps += steps
+        return scripted_token_runs([s.request.request_id for s in seqs], [s.sample_index for s in seqs],
+                                   [len(s.token_ids) - s.num_prompt_tokens for s in seqs], steps)
 
     def bind(self, num_slots: int, num_host_slots: int) -> None:
         self.num_slots = num_slots

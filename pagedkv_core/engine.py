@@ -33,8 +33,8 @@ runs: the scripted one) a *decode run* passes in one ``step()`` call that reads 
 after a step, nothing waits or is swapped out, no request arrives for a while, and every running
 sequence has its next tokens' slots in a block it holds alone and is far from any length that
 may end it, the next steps can do nothing but one plain decode each. They are taken at once
-(:meth:`Scheduler.run_decodes`: the tokens in one call of the source, each block's fill moved on
-once) and counted as the steps they are: the run's statistics and summary are those of the same
+(:meth:`Scheduler.run_decodes`: the tokens in one call of the source, their slots in one
+``write_decodes`` call of the allocator) and counted as the steps they are: the run's statistics and summary are those of the same
 steps one by one, to the bit, but for the token source's time (``mean_execute_s``).
 :attr:`Engine.decode_run` says what the last call took so (:class:`DecodeRun`), for a reader of
 its steps (the waste split).

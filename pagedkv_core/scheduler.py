@@ -30,6 +30,10 @@ them for a recording) and works one at a time only on the sequences that cross a
 boundary, finish, are preempted or admitted; below it, one at a time is cheaper, and the
 columns are not kept.
 
+Decode runs: :meth:`Scheduler.quiet_ahead` says how many of the next steps can be nothing but
+a plain decode of every running sequence, and :meth:`Scheduler.run_decodes` takes that many at
+once, each sequence's tokens from one call of the source (``Engine(coalesce=True)``).
+
 Values, not shared state: :meth:`Scheduler.schedule` returns a :class:`StepPlan` (the batch,
 the per-sequence work, the step's counts and its events so far) and :meth:`Scheduler.complete`
 takes that plan and returns the rest of the step's events. The allocator returns its events
@@ -535,17 +539,28 @@ class Scheduler:
         """How many of the next steps, at most ``limit``, can do nothing but a plain decode of
         every running sequence: nothing waits or is swapped out, the token budget takes them
         all, and none crosses a block boundary or reaches a length that may end it (a stop
-        token among their tokens is the caller's to look for). 0: the next step may do more."""
+        token among their tokens is the caller's to look for). 0: the next step may do more.
+
+        A plain decode's block is the sequence's alone and not full, and nothing else changes it:
+        the next ones go to the slots after it, up to the block's last but one (a decode that
+        fills the block is not plain). An allocator that never preempts reserves each
+        sequence's whole future (``capabilities.swap``): there only the length bounds a run."""
         running = self.running
         if limit <= 0 or not running or self.waiting or self.swapped:
             return 0
         if self.budget_per_step is not None and self.budget_per_step < len(running):
             return 0
-        plain = self.allocator.plain_decodes
+        alloc = self.allocator
+        decode_slot, bs, blocks_bound = alloc.decode_slot, alloc.block_size, alloc.capabilities.swap
         k = limit
         for seq in running:
             ids = seq.token_ids
-            left = min(plain(seq), seq.stop_at - len(ids) - 1) if len(ids) > seq.num_prompt_tokens else 0
+            slot = decode_slot(seq) if len(ids) > seq.num_prompt_tokens else -1
+            if slot < 0:
+                return 0
+            left = seq.stop_at - len(ids) - 1
+            if blocks_bound and bs - 1 - slot % bs < left:
+                left = bs - 1 - slot % bs
             if left < k:
                 if left <= 0:
                     return 0
@@ -555,17 +570,23 @@ class Scheduler:
     def run_decodes(self, tokens: np.ndarray) -> StepCounts:
         """``tokens.shape[1]`` steps at once, each a plain decode of every running sequence
         (``tokens[i]``: sequence ``i``'s tokens, in the running order; at most what
-        :meth:`quiet_ahead` allowed): the counts of each of those steps, alike."""
+        :meth:`quiet_ahead` allowed): the counts of each of those steps, alike. The allocator
+        writes them in one ``write_decodes`` call (each token's K/V at the slot after the last)."""
         running = self.running
         n, k = tokens.shape
         if n != len(running) or k < 1:
             raise ValueError(f"a decode run of {k} step(s) for {n} sequence(s), with {len(running)} running")
-        self.allocator.write_decode_run(running, k)
+        alloc = self.allocator
+        first = np.array([alloc.decode_slot(seq) for seq in running], dtype=np.int64)
+        written = np.empty((n, k), dtype=np.int64)  # the K/V each step writes: the token before its new one
+        written[:, 0] = [seq.token_ids[-1] for seq in running]
+        written[:, 1:] = tokens[:, :-1]
+        alloc.write_decodes((first[:, None] + np.arange(k)).ravel(), written.ravel())
         for seq, row in zip(running, tokens.tolist()):
             seq.token_ids.extend(row)
             seq.num_computed += k
         if self.keeps_columns:
-            self._run.advance_run(k, tokens[:, -1], self.allocator.decode_slot)
+            self._run.advance_run(k, tokens[:, -1], alloc.decode_slot)
         counts = StepCounts(num_running=n, tokens=n, decode_tokens=n, tokens_generated=n)
         for _ in range(k):
             self.totals.add(counts)

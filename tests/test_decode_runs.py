@@ -177,3 +177,32 @@ def test_outputs_read_step_by_step():
         calls += 1
         assert e.decode_run is None
     assert calls == 20 and e.coalesced_steps == 0
+
+
+def test_many_running_by_columns():
+    """64 sequences running at once: the steps take their plain decodes by whole columns
+    (``Scheduler.columns_from``), which a decode run moves on (``RunningSet.advance_run``; the
+    invariants check every column after every call)."""
+    config = EngineConfig(pool_slots=16_384, block_size=16)
+    rng = np.random.default_rng(5)
+    # every prompt one token past a block: after the prefill each sequence has 14 plain decodes ahead
+    prompts = [rng.integers(3, 49_152, size=16 * int(k) + 1).tolist() for k in rng.integers(0, 3, size=64)]
+    outputs = rng.integers(40, 120, size=64).tolist()
+
+    def run(coalesce: bool):
+        e = Engine(config, ScriptedSource(), snapshots=False, coalesce=coalesce)
+        for i, (p, n) in enumerate(zip(prompts, outputs)):
+            e.add_request(f"c{i}", p, SamplingParams(max_tokens=200), arrival_step=0, output_len=n)
+        calls = _calls(e)
+        return e, calls
+
+    runs, calls = run(True)
+    plain, plain_calls = run(False)
+    assert runs.scheduler.columns_from <= 64 and runs.stats.peak_running == 64
+    assert any(r is not None and r.num_seqs >= runs.scheduler.columns_from for _, r in calls)
+    assert len(calls) + runs.coalesced_steps == len(plain_calls)
+    a, b = runs.summary().to_json(), plain.summary().to_json()
+    a.pop("mean_execute_s"), b.pop("mean_execute_s")
+    assert a == b
+    for i in range(64):
+        assert runs.requests[f"c{i}"].seqs[0].token_ids == plain.requests[f"c{i}"].seqs[0].token_ids

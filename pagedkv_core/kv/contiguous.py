@@ -178,17 +178,6 @@ class ContiguousAllocator:
             self.changes.decoded(slots, tokens)
         return slots + 1 if after else None
 
-    def plain_decodes(self, seq: Sequence) -> int:
-        """Every decode is plain: those left are the reservation's slots after the computed ones."""
-        if len(seq.token_ids) - seq.num_computed != 1:
-            return 0
-        return self.reservations[seq.seq_id][1] - seq.num_computed
-
-    def write_decode_run(self, seqs: list[Sequence], steps: int) -> None:
-        if self.changes.active:
-            raise RuntimeError("a decode run is not logged: it needs an engine without a pool view")
-        self.filled_slots += steps * len(seqs)
-
     def free(self, seq: Sequence) -> None:
         r = self.reservations.pop(seq.seq_id, None)
         if r is None:

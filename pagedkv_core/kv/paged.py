@@ -282,28 +282,6 @@ class BlockManager:
             return np.where(slots % bs + 2 < bs, slots + 1, -1)
         return None
 
-    def plain_decodes(self, seq: Sequence) -> int:
-        """Plain decodes left in a row: up to the slot before its block's last (see :meth:`decode_slot`)."""
-        start = seq.num_computed
-        if len(seq.token_ids) - start != 1:
-            return 0
-        table = self.tables[seq.seq_id]
-        j, off = divmod(start, self.block_size)
-        if j >= len(table):
-            return 0
-        b = table[j]
-        if self.pool.blocks[b].ref_count != 1 or self.fill[b] != off:
-            return 0
-        return self.block_size - 1 - off
-
-    def write_decode_run(self, seqs: list[Sequence], steps: int) -> None:
-        if self.changes.active:
-            raise RuntimeError("a decode run is not logged: it needs an engine without a pool view")
-        fill, bs, tables = self.fill, self.block_size, self.tables
-        for seq in seqs:
-            fill[tables[seq.seq_id][seq.num_computed // bs]] += steps
-        self.filled_slots += steps * len(seqs)
-
     def mark_written(self, seq: Sequence, start: int, count: int) -> None:
         """Record that the K/V of positions [start, start + count) is now in the pool, and
         index blocks that became full in the prefix cache. One pass per block touched (a

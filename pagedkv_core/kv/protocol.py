@@ -125,15 +125,6 @@ class Allocator(Protocol):
         plain decode too (what ``decode_slot`` will answer while the sequence keeps running and
         decoding: nothing else changes a block a sequence holds alone), else -1."""
 
-    def plain_decodes(self, seq: Sequence) -> int:
-        """How many decodes in a row, from ``seq``'s next one, are plain while nothing else
-        changes what it holds (0: the next one is not); for a decode run (``write_decode_run``)."""
-
-    def write_decode_run(self, seqs: list[Sequence], steps: int) -> None:
-        """Each of ``seqs`` (before its ``num_computed`` moves) writes its next ``steps`` tokens by
-        plain decodes, at most ``plain_decodes(seq)``: what ``steps`` calls of ``write_decodes``
-        do. Never logged: a decode run happens only where the engine keeps no pool view."""
-
     # preemption hooks and capabilities (only called when the flag says so) -------------
     def fork(self, parent: Sequence, child: Sequence) -> list[Event]: ...
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]] | None: ...

@@ -56,15 +56,19 @@ def splitmix64_array(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def _keys(request_ids: list[str]) -> np.ndarray:
+    """The requests' keys (uint64): a dict lookup each, a call only for a key not kept."""
+    known = _request_keys.get
+    keys = [known(r) for r in request_ids]
+    if None in keys:
+        keys = [k if k is not None else _request_key(r) for k, r in zip(keys, request_ids)]
+    return np.array(keys, dtype=np.uint64)
+
+
 def scripted_tokens(request_ids: list[str], sample_indices: list[int], positions: list[int]) -> list[int]:
     """:func:`scripted_token` of each ``(request_ids[i], sample_indices[i], positions[i])``, computed
     for all of them at once (a step's plain decodes)."""
-    known = _request_keys.get
-    keys = [known(r) for r in request_ids]  # a dict lookup each, a call only for a key not kept
-    if None in keys:
-        keys = [k if k is not None else _request_key(r) for k, r in zip(keys, request_ids)]
-    keys = np.array(keys, dtype=np.uint64)
-    x = splitmix64_array(keys + np.array(sample_indices, dtype=np.uint64) * _GOLDEN
+    x = splitmix64_array(_keys(request_ids) + np.array(sample_indices, dtype=np.uint64) * _GOLDEN
                          + (np.array(positions, dtype=np.uint64) << np.uint64(20)))
     return (x % np.uint64(VOCAB_SIZE - FIRST_TOKEN) + np.uint64(FIRST_TOKEN)).tolist()
 
@@ -72,10 +76,7 @@ def scripted_tokens(request_ids: list[str], sample_indices: list[int], positions
 def scripted_token_runs(request_ids: list[str], sample_indices: list[int], positions: list[int], steps: int) -> np.ndarray:
     """``(len(request_ids), steps)`` int64: row ``i`` holds :func:`scripted_token` of
     ``(request_ids[i], sample_indices[i], positions[i] + j)`` for ``j`` in ``range(steps)``."""
-    known = _request_keys.get
-    keys = np.array([k if k is not None else _request_key(r) for k, r in zip(map(known, request_ids), request_ids)],
-                    dtype=np.uint64)
-    base = keys + np.array(sample_indices, dtype=np.uint64) * _GOLDEN
+    base = _keys(request_ids) + np.array(sample_indices, dtype=np.uint64) * _GOLDEN
     at = np.array(positions, dtype=np.uint64)[:, None] + np.arange(steps, dtype=np.uint64)
     x = splitmix64_array(base[:, None] + (at << np.uint64(20)))
     return (x % np.uint64(VOCAB_SIZE - FIRST_TOKEN) + np.uint64(FIRST_TOKEN)).astype(np.int64)

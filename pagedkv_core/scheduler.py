@@ -552,6 +552,13 @@ class Scheduler:
             return 0
         alloc = self.allocator
         decode_slot, bs, blocks_bound = alloc.decode_slot, alloc.block_size, alloc.capabilities.swap
+        if blocks_bound:  # first, from the counts alone: a decode at a block's last slot fills it, and one at a
+            # block's first slot needs a block the allocator takes only then (neither is plain)
+            last = bs - 1
+            for seq in running:
+                at = seq.num_computed % bs
+                if at == 0 or at == last:
+                    return 0
         k = limit
         for seq in running:
             ids = seq.token_ids

@@ -206,3 +206,20 @@ def test_many_running_by_columns():
     assert a == b
     for i in range(64):
         assert runs.requests[f"c{i}"].seqs[0].token_ids == plain.requests[f"c{i}"].seqs[0].token_ids
+
+
+def test_the_side_by_side_benchmark(tmp_path):
+    """benchmarks/bench_decode_runs.py on the first 120 Mooncake requests: runs taken, the same
+    figures both ways, and a row in the benchmark table."""
+    import json
+
+    from benchmarks import bench_decode_runs, report
+
+    out = tmp_path / "decode-runs.json"
+    assert bench_decode_runs.main(["--log", "mooncake-conv", "--count", "120", "--repeats", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert row["same_figures"] and 0 < row["steps_in_runs"] < row["steps"]
+    assert len(row["wall_s_without"]) == len(row["wall_s_with"]) == 1
+    (table_row,) = report._rows("decode-runs", result)
+    assert "`mooncake-conv`" in table_row[0] and table_row[1].startswith(f"{row['steps_in_runs']:,} of {row['steps']:,}")

@@ -173,7 +173,7 @@ class Engine:
         self.num_rejected = 0
         self._rejected: list[dict] = []
         self._doomed: dict[str, str] = {}  # request id -> why it will be rejected on arrival
-        self.last_seqs: dict | None = None  # the last step's seq_arrays (the live sequences after it; tables with a snapshot only)
+        self.last_seqs: dict | None = None  # the last step's seq_arrays (the live sequences after it, before any decode run; tables with a snapshot only)
         source.bind(self.allocator.num_slots, self.allocator.num_host_slots)
 
     # ------------------------------------------------------------------ requests

@@ -15,8 +15,6 @@ log it takes 30,578 steps so (README, *Whole request logs*).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,14 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_replay_speed import LOGS, PAGED_BLOCK_SIZE, POOL, cpu_info  # noqa: E402
-from pagedkv_core.cli.parsing import length_scale  # noqa: E402
-from pagedkv_core.config import EngineConfig  # noqa: E402
+from benchmarks.whole_logs import log_parser, parse, stream_log, write_result  # noqa: E402
 from pagedkv_core.engine import Engine  # noqa: E402
 from pagedkv_core.sources.scripted import ScriptedSource  # noqa: E402
-from pagedkv_core.workloads.scenarios import LogStream, stream_workload_file  # noqa: E402
-
-QUIET_LOGS = ("azure-conv", "mooncake-conv")  # bench replay-speed's whole logs at their default context
+from pagedkv_core.workloads.scenarios import LogStream  # noqa: E402
 
 
 class QuietSteps:
@@ -72,13 +66,8 @@ class QuietSteps:
 
 
 def count(log: str, requests: int | None = None) -> dict:
-    path, extra = LOGS[log]
-    options = {"count": requests} if requests else {}
-    if extra[:1] == ["--length-scale"]:  # the flags bench replay-speed gives simulate for this log
-        options["length_scale"] = length_scale(extra[1])
-    workload = stream_workload_file(path, 0, **options)
+    workload, config = stream_log(log, requests)
     counter = QuietSteps()
-    config = EngineConfig(pool_slots=POOL, **({"block_size": PAGED_BLOCK_SIZE[log]} if log in PAGED_BLOCK_SIZE else {}))
     engine = Engine(config, ScriptedSource(), recording=counter, snapshots=False, skip_idle=True)
     if isinstance(workload, LogStream):
         engine.feed(workload.requests())
@@ -86,31 +75,19 @@ def count(log: str, requests: int | None = None) -> dict:
         workload.submit(engine)
     t = time.perf_counter()
     engine.run(snapshot=False)
-    return {"log": log, "requests": requests or "all", "block_size": config.block_size, "pool_slots": POOL,
+    return {"log": log, "requests": requests or "all", "block_size": config.block_size, "pool_slots": config.pool_slots,
             "seconds": round(time.perf_counter() - t, 1), **counter.result()}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--log", choices=QUIET_LOGS, action="append", help="default: both")
-    p.add_argument("--count", type=int, default=None, help="the log's first N requests (default: all)")
-    p.add_argument("--out", type=Path, default=None, help="a JSON file for the result")
-    args = p.parse_args(argv)
-    if args.count is not None and args.count < 1:
-        p.error("--count must be >= 1")
-    rows = [count(log, args.count) for log in (args.log or QUIET_LOGS)]
-    result = {"benchmark": "steps without events in whole request logs (what coalescing could take)",
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), **cpu_info(),
-              "command": " ".join(["python benchmarks/quiet_steps.py", *(argv if argv is not None else sys.argv[1:])]),
-              "rows": rows}
+    args = parse(log_parser(__doc__), argv)
+    rows = [count(log, args.count) for log in args.log]
     for r in rows:
         print(f"{r['log']}: {r['busy_steps']:,} busy steps, {r['quiet_busy_steps']:,} without events in "
               f"{r['quiet_stretches']:,} stretches (longest {r['longest_stretch']}); coalescing could save "
               f"{r['steps_coalescing_could_save']:,} steps ({r['share_of_busy_steps_saved']:.1%} of the busy ones)")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    write_result("quiet_steps.py", "steps without events in whole request logs (what coalescing could take)", argv,
+                 rows, args.out)
     return 0
 
 

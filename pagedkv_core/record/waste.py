@@ -266,25 +266,16 @@ class WasteAccumulator:
     def add_decode_run(self, steps: int, num_seqs: int) -> None:
         """``steps`` more steps in which each of the last step's ``num_seqs`` live sequences (all
         of them, with ranges of their own) wrote one more position into what it holds: one more
-        filled slot each a step, every open run moved on ``steps`` positions, in O(1) numpy calls."""
+        filled slot each a step (the counters, a step at a time), every open run moved on
+        ``steps`` positions at once."""
         o_ids, o_own, o_first, o_lo0, o_lo, o_hi = self._open
         if steps < 1:
             return
         if len(o_ids) != num_seqs or not o_own.all() or (o_lo + steps >= o_hi).any():
             raise ValueError(f"a decode run of {num_seqs} sequence(s) over {len(o_ids)} live, not all with room left")
         num_slots, allocated, token, external = self._last
-        tokens = token + num_seqs * np.arange(1, steps + 1, dtype=np.int64)
-        if self.per_step:
-            self._steps += steps
-            self._last = (num_slots, allocated, int(tokens[-1]), external)
-            self._num_slots.extend([num_slots] * steps)
-            self._allocated.extend([allocated] * steps)
-            self._token.extend(tokens.tolist())
-            self._external.extend([external] * steps)
-        else:
-            self._count(num_slots, allocated, 0, external, times=steps)  # allocated: a sequence holds slots
-            self._sums[1] += int(tokens.sum())
-            self._last = (num_slots, allocated, int(tokens[-1]), external)
+        for j in range(1, steps + 1):
+            self._count(num_slots, allocated, token + j * num_seqs, external)
         self._open = (o_ids, o_own, o_first, o_lo0, o_lo + steps, o_hi)
         self._open_step += steps
 

@@ -14,7 +14,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TABLE = Path(__file__).resolve().parent / "README_TABLE.md"
 ORDER = ("allocation", "throughput", "overhead", "prefix", "simulator", "memory", "playback", "scale", "replay-speed", "step-cost", "roofline",
          "live",
-         "prefix-capacity", "peers", "quiet-steps", "decode-runs", "gpu_engine", "gpu_kernels")
+         "prefix-capacity", "peers", "quiet-steps", "decode-runs", "decode-runs-traced", "gpu_engine",
+         "gpu_kernels")
 
 
 def load_results(results_dir: Path = RESULTS) -> dict[str, dict]:
@@ -146,15 +147,18 @@ def _rows(name: str, r: dict) -> list[tuple[str, str, str, str]]:
                          f"({q['share_of_busy_steps_saved']:.1%}); {q['quiet_busy_steps']:,} quiet steps in "
                          f"{q['quiet_stretches']:,} stretches, the longest {q['longest_stretch']}", "reported", "-"))
         return rows
-    if name == "decode-runs":
+    if name in ("decode-runs", "decode-runs-traced"):
         for d in r.get("rows", []):
             same = "the same summary and waste split" if d["same_figures"] else "**figures differ**"
-            rows.append((f"decode runs (`Engine(coalesce=True)`), `{d['log']}` (whole, paged), `simulate` without a "
-                         "trace, side by side in one process",
+            traced = d.get("trace", False)
+            trace = (f"; trace {d['trace_bytes_without'] / 1e6:.1f} MB without, {d['trace_bytes_with'] / 1e6:.1f} MB with"
+                     if traced else "")
+            rows.append((f"decode runs (`Engine(coalesce=True)`), `{d['log']}` (whole, paged), `simulate` "
+                         f"{'`--trace-out` (a run one frame)' if traced else 'without a trace'}, side by side in one process",
                          f"{d['steps_in_runs']:,} of {d['steps']:,} steps in runs; wall s without "
                          f"{', '.join(f'{x:.1f}' for x in d['wall_s_without'])}, with "
                          f"{', '.join(f'{x:.1f}' for x in d['wall_s_with'])} ({_x(d['speedup_best_wall'])} best against "
-                         f"best); {same}", "reported", "-"))
+                         f"best){trace}; {same}", "reported", "-"))
         return rows
     if name == "live":
         for t in r.get("targets", []):

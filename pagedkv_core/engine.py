@@ -28,8 +28,8 @@ stretch (nothing waiting, running or swapped, the next arrival steps ahead) pass
 gets every step (each a copy of the first, which changed nothing), and arrival steps keep their
 meaning.
 
-With ``Engine(..., coalesce=True)`` (no pool view, no recording, a source that answers decode
-runs: the scripted one) a *decode run* passes in one ``step()`` call that reads no outputs: when,
+With ``Engine(..., coalesce=True)`` (no snapshots, a source that answers decode runs: the
+scripted one) a *decode run* passes in one ``step()`` call that reads no outputs: when,
 after a step, nothing waits or is swapped out, no request arrives for a while, and every running
 sequence has its next tokens' slots in a block it holds alone and is far from any length that
 may end it, the next steps can do nothing but one plain decode each. They are taken at once
@@ -37,7 +37,9 @@ may end it, the next steps can do nothing but one plain decode each. They are ta
 ``write_decodes`` call of the allocator) and counted as the steps they are: the run's statistics and summary are those of the same
 steps one by one, to the bit, but for the token source's time (``mean_execute_s``).
 :attr:`Engine.decode_run` says what the last call took so (:class:`DecodeRun`), for a reader of
-its steps (the waste split).
+its steps (the waste split). A recording gets the run in one call
+(``record_decode_run``: what it wrote, :class:`~pagedkv_core.record.decode_run.DecodeWrites`),
+and a trace keeps it as one frame.
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ from .outputs import CompletionOutput, RequestOutput, TokenIds
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import FINISH_REJECTED, Request, Sequence, SequenceStatus
+from .record.decode_run import DecodeWrites
 from .record.pool_view import PoolView
 from .record.snapshot import StepSnapshot, seq_arrays, take_snapshot
 
@@ -139,9 +142,8 @@ class Engine:
         self._arrivals: list[Event] = []  # this step's rejections, before the scheduler's events
         self.kv_event_sink = kv_event_sink
         viewed = snapshots or recording is not None
-        if coalesce and viewed:
-            raise ValueError("coalesce=True needs snapshots=False and no recording: a pool view and a recording "
-                             "take every step one by one")
+        if coalesce and snapshots:
+            raise ValueError("coalesce=True needs snapshots=False: a snapshot is taken of every step")
         if coalesce and not getattr(source, "answers_runs", False):
             raise ValueError("coalesce=True needs a token source that answers decode runs (the scripted source)")
         self.coalesce = coalesce
@@ -407,15 +409,16 @@ class Engine:
                 if steps == 0:
                     return None
                 tokens = tokens[:, :steps]
-        sched.run_decodes(tokens)
+        first_slots, written = sched.run_decodes(tokens)
+        if self.view is not None:  # the view moves on by the whole run; a recording gets it as one
+            self.view.fold(self._changes.take())
+            self.view.forget_changes()
+            if self.recording is not None:
+                ids = np.fromiter(map(_SEQ_ID, running), dtype=np.int32, count=len(running))
+                self.recording.record_decode_run(step + 1, DecodeWrites(ids, first_slots, written))
         n = len(running)
-        filled, generated, allocated = metrics.filled_slots, metrics.tokens_generated, metrics.allocated_slots
         for j in range(1, steps + 1):  # each step's metrics, as the step alone would have them
-            f = filled + j * n
-            self.stats.add(dataclasses.replace(
-                metrics, filled_slots=f, token_utilization=f / allocated if allocated else 0.0, step_preemptions=0,
-                step_tokens=n, step_prefill_tokens=0, step_decode_tokens=n, step_tokens_generated=n,
-                tokens_generated=generated + j * n, execute_s=0.0, idle_skipped=0))
+            self.stats.add(metrics.after_decodes(j, n))
         self.coalesced_steps += steps
         return DecodeRun(step + 1, steps, n)
 

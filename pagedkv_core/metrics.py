@@ -21,7 +21,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from operator import attrgetter
 
 
@@ -92,6 +92,19 @@ class StepMetrics:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def after_decodes(self, j: int, n: int) -> "StepMetrics":
+        """The metrics of the ``j``-th step (from 1) of a decode run after the step these are the
+        metrics of: each of its ``n`` running sequences wrote one token's K/V into a slot it held
+        already and sampled one token, and nothing else changed. What the engine counts for the
+        steps it coalesces (``Engine(coalesce=True)``) and what a trace's run frame stands for;
+        the token source's time is 0."""
+        filled = self.filled_slots + j * n
+        allocated = self.allocated_slots
+        return replace(self, filled_slots=filled, token_utilization=filled / allocated if allocated else 0.0,
+                       step_preemptions=0, step_tokens=n, step_prefill_tokens=0, step_decode_tokens=n,
+                       step_tokens_generated=n, tokens_generated=self.tokens_generated + j * n, execute_s=0.0,
+                       idle_skipped=0)
 
     @classmethod
     def of(cls, step: StepCounts, totals: StepCounts, **rest) -> "StepMetrics":

@@ -574,11 +574,13 @@ class Scheduler:
                 k = left
         return k
 
-    def run_decodes(self, tokens: np.ndarray) -> StepCounts:
+    def run_decodes(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``tokens.shape[1]`` steps at once, each a plain decode of every running sequence
         (``tokens[i]``: sequence ``i``'s tokens, in the running order; at most what
-        :meth:`quiet_ahead` allowed): the counts of each of those steps, alike. The allocator
-        writes them in one ``write_decodes`` call (each token's K/V at the slot after the last)."""
+        :meth:`quiet_ahead` allowed), counted in :attr:`totals` as those steps. The allocator
+        writes them in one ``write_decodes`` call (each token's K/V at the slot after the last).
+        Returns what was written, for a recording: each sequence's first slot, and the ``(n, k)``
+        tokens whose K/V went there and into the slots after it, step by step."""
         running = self.running
         n, k = tokens.shape
         if n != len(running) or k < 1:
@@ -597,7 +599,7 @@ class Scheduler:
         counts = StepCounts(num_running=n, tokens=n, decode_tokens=n, tokens_generated=n)
         for _ in range(k):
             self.totals.add(counts)
-        return counts
+        return first, written
 
     def running_rows(self):
         """The running sequences' listed state, ``(7, len(running))``: see :meth:`.running.RunningSet.rows`

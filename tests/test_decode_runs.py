@@ -154,9 +154,9 @@ def test_a_stop_token_ends_the_run_before_its_step():
     assert seq_a.finish_reason == seq_b.finish_reason == "stop"
 
 
-def test_coalescing_needs_no_view_and_a_source_that_answers_runs():
+def test_coalescing_needs_no_snapshots_and_a_source_that_answers_runs():
     config = EngineConfig(pool_slots=256)
-    with pytest.raises(ValueError, match="snapshots=False and no recording"):
+    with pytest.raises(ValueError, match="snapshots=False"):
         Engine(config, ScriptedSource(), coalesce=True)
 
     class Own(ScriptedSource):
@@ -223,3 +223,20 @@ def test_the_side_by_side_benchmark(tmp_path):
     assert len(row["wall_s_without"]) == len(row["wall_s_with"]) == 1
     (table_row,) = report._rows("decode-runs", result)
     assert "`mooncake-conv`" in table_row[0] and table_row[1].startswith(f"{row['steps_in_runs']:,} of {row['steps']:,}")
+
+
+def test_the_side_by_side_benchmark_with_a_trace(tmp_path):
+    """The same with ``--trace``: each run writes its trace as ``simulate --trace-out`` does, and
+    the runs' trace is the smaller (a decode run is one frame)."""
+    import json
+
+    from benchmarks import bench_decode_runs, report
+
+    out = tmp_path / "decode-runs-traced.json"
+    assert bench_decode_runs.main(["--log", "mooncake-conv", "--count", "60", "--repeats", "1", "--trace",
+                                   "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["trace"] and row["same_figures"] and row["steps_in_runs"] > 0
+    assert 0 < row["trace_bytes_with"] < row["trace_bytes_without"]
+    (table_row,) = report._rows("decode-runs-traced", json.loads(out.read_text()))
+    assert "`--trace-out`" in table_row[0] and "MB with" in table_row[1]

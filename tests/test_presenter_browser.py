@@ -29,6 +29,9 @@ def test_slides_fit_a_projector_in_chromium():
                 # here" an answer, not a page still arriving.
                 page.get_by_text(re.compile(f"Part {slide} of")).first.wait_for(timeout=600_000)
                 wait_idle(page, 600_000)
+                if path == "reserve-or-page" and slide == 1:  # it opens on a prediction: wait for it to be drawn
+                    # (under load the page can sit idle between two runs of its script before it is)
+                    page.get_by_text(re.compile("^Predict:")).first.wait_for(timeout=600_000)
                 asked = answer_prediction(page, out / f"{path}-slide-{slide}-unanswered.png")
                 if path == "reserve-or-page" and slide == 1:
                     assert asked, "Reserve or page's first slide asks no prediction"

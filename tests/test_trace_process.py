@@ -50,12 +50,12 @@ class Forks:
             engine.add_request(f"f{i}", prompt, SamplingParams(max_tokens=40, n=3), arrival_step=3 * i, output_len=30 + i)
 
 
-def _run_into(tmp_path: Path, config: EngineConfig, workload, name: str) -> tuple[Path, Path]:
+def _run_into(tmp_path: Path, config: EngineConfig, workload, name: str, coalesce: bool = False) -> tuple[Path, Path]:
     here, there = tmp_path / f"{name}-inline.trace", tmp_path / f"{name}-process.trace"
     inline, child = TraceWriter(here, {"workload": name}), TraceWriterProcess(there, {"workload": name})
     tee = Tee(inline, child)
     try:
-        engine = Engine(config, ScriptedSource(), recording=tee, snapshots=False, skip_idle=True)
+        engine = Engine(config, ScriptedSource(), recording=tee, snapshots=False, skip_idle=True, coalesce=coalesce)
         if isinstance(workload, LogStream):
             engine.feed(_listed(workload.requests(), tee))
         else:
@@ -83,8 +83,9 @@ def _run_into(tmp_path: Path, config: EngineConfig, workload, name: str) -> tupl
     ("forks", EngineConfig(pool_slots=1024), Forks),
     ("contiguous", EngineConfig(pool_slots=2048, allocator="contiguous"), lambda: build_workload("explainer40", 0)),
 ])
-def test_the_child_writes_the_in_process_writers_file_byte_for_byte(tmp_path, name, config, make):
-    here, there = _run_into(tmp_path, config, make(), name)
+@pytest.mark.parametrize("coalesce", [False, True], ids=["steps", "decode-runs"])
+def test_the_child_writes_the_in_process_writers_file_byte_for_byte(tmp_path, name, config, make, coalesce):
+    here, there = _run_into(tmp_path, config, make(), name, coalesce)
     assert here.read_bytes() == there.read_bytes()
     header, recording = load_recording(there)
     assert not header.get("truncated") and header["note"] == "tee"

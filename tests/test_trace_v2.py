@@ -169,7 +169,7 @@ CASES = {
     "bad base64": (lambda ls: [*ls[:1], {**ls[1], "data": "@@not base64@@"}, *ls[2:]], "not base64"),
     "not zlib": (lambda ls: [*ls[:1], {**ls[1], "data": base64.b64encode(b"plain").decode()}, *ls[2:]], "not zlib"),
     "short record": (lambda ls: [*ls[:3], with_record(ls[3], record_bytes(ls[3])[:-4]), *ls[4:]], "add up to"),
-    "unknown version": (lambda ls: header_change(ls, version=5), "version 5"),
+    "unknown version": (lambda ls: header_change(ls, version=6), "version 6"),
     "version true": (lambda ls: header_change(ls, version=True), "version True"),
     "block_size 0": (lambda ls: pool_change(ls, block_size=0), "block_size"),
     "huge pool": (lambda ls: pool_change(ls, num_slots=1 << 40), "num_slots"),
@@ -433,8 +433,8 @@ def test_malformed_v3_traces_raise_one_line_trace_errors(tmp_path, burst, case):
 def test_v4_is_v3_in_frames_smaller_and_a_cut_trace_loads_to_its_last_whole_frame(tmp_path, burst):
     snaps, header = burst
     v3 = write_trace(tmp_path / "v3.jsonl", snaps, header, version=3)
-    v4 = write_trace(tmp_path / "v4.trace", snaps, header)
-    assert trace.TRACE_VERSION == 4 and lines_of(v4)[0]["encoding"] == trace.ENCODING_V4
+    v4 = write_trace(tmp_path / "v4.trace", snaps, header, version=4)
+    assert lines_of(v4)[0]["version"] == 4 and lines_of(v4)[0]["encoding"] == trace.ENCODING_V4
     # the same records, kinds and steps, in the same order (idle runs, keyframes, the end)
     kinds = lambda ls: [(o["type"], o.get("step")) for o in ls[1:]]  # noqa: E731
     assert kinds(lines_of(v4)) == kinds(lines_of(v3))

@@ -24,9 +24,10 @@ whole first, then read again as the run goes and fed to the engine shortly befor
 arrives (:meth:`~pagedkv_core.engine.Engine.feed`), finished requests forgotten, so a log of up to
 1,000,000 requests runs in the memory of the requests alive. Its trace lists each request in the
 step it arrives (its lengths; the prompt ids are the log's seeded tokens). Idle stretches pass in
-one engine step (``Engine(skip_idle=True)``; the summary counts every step), and so, without
-``--trace-out``, do stretches of steps that are nothing but plain decodes (``Engine(coalesce=True)``:
-the same summary to the bit, but for the token source's time).
+one engine step (``Engine(skip_idle=True)``; the summary counts every step), and so do stretches
+of steps that are nothing but plain decodes (``Engine(coalesce=True)``: the same summary to the
+bit, but for the token source's time; a trace keeps such a run as one frame and its loader
+rebuilds the steps).
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         # No pool view unless a trace is written: the waste split reads the allocator, and
         # nothing else here reads the per-slot arrays.
         engine = Engine(config, ScriptedSource(), recording=writer, kv_event_sink=sink, snapshots=False, skip_idle=True,
-                        coalesce=writer is None)  # a trace takes every step one by one
+                        coalesce=True)  # a trace keeps a decode run as one frame
         released = Released()  # a streamed run forgets finished sequences: the waste split needs their ends
         if isinstance(workload, LogStream):
             engine.feed(workload.requests() if writer is None else _listed(workload.requests(), writer),

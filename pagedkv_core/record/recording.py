@@ -36,7 +36,9 @@ How a run gets in:
   dropped, so a delta may over-report);
 - ``append(snapshot)``: a full snapshot, diffed against the last step (O(slots); version-1
   traces and tests);
-- ``append_record(record)``: a step record from a version-2 trace.
+- ``append_record(record)``: a step record from a version-2 trace;
+- ``record_decode_run(first_step, writes)``: the steps of a decode run (``Engine(coalesce=True)``,
+  a trace's run frame), each rebuilt from the step before (:mod:`~pagedkv_core.record.decode_run`).
 """
 from __future__ import annotations
 
@@ -292,6 +294,23 @@ class Recorder:
         tables=False)``) needs ``changes.tables`` as a mapping of seq id -> table of every
         table that changed: then the step costs what changed, not every table."""
         self.append_delta(engine_step_delta(step, self._live, changes, seqs, events, metrics))
+
+    def record_decode_run(self, first_step: int, writes) -> None:
+        """The engine's call for a decode run (``Engine(coalesce=True)``): the steps from
+        ``first_step`` in which every running sequence decoded one token plainly, as
+        :class:`~pagedkv_core.record.decode_run.DecodeWrites`. Kept here step by step, each
+        step's delta rebuilt from the one before (a trace writer keeps the run as one frame).
+        ValueError (one line) for a run the last step cannot go on with."""
+        from .decode_run import check_run, run_deltas  # that module builds on StepDelta, defined here
+
+        self._require_started()
+        if not self.num_steps:
+            raise ValueError("a decode run cannot be the first step")
+        self._check_next(first_step)
+        block_size = int(self.scalars["block_size"])
+        check_run(self._head, self._last[1], writes, block_size)
+        for delta in run_deltas(self._head, first_step, writes, self._last[1], block_size):
+            self.append_delta(delta)
 
     def append_delta(self, delta: StepDelta) -> None:
         self._require_started()

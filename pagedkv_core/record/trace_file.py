@@ -1,6 +1,12 @@
 """Traces: a run's header and its steps in one file, written as the run goes.
 
-Version 4 (written today) is version 3 below in binary frames: the header is still its first
+Version 5 (written today) is version 4 with one more frame: a *decode run* (the steps in which
+every running sequence decoded one token plainly, that ``Engine(coalesce=True)`` takes at once)
+is one frame of what it wrote, not a frame a step; the loader rebuilds its steps
+(:mod:`pagedkv_core.record.decode_run`). A reader from before version 5 refuses such a file by
+its version; ``TraceWriter(..., version=4)`` still writes version 4 (a run's steps one by one).
+
+Version 4 is version 3 below in binary frames: the header is still its first
 line, JSON text, and after it each step is a frame whose one deflated piece holds the step's
 metrics (binary) and its record, with no base64 (:mod:`pagedkv_core.record.trace_frames`). The
 whole Azure conversation log at 262,144 slots, paged: see the README's *Traces* section.
@@ -88,19 +94,20 @@ from .recording import (
     pool_bytes,
 )
 from ..safe_io import loads_strict, open_capped
+from .decode_run import check_run, end_delta, pack_run, unpack_run
 from .snapshot import StepSnapshot
 from .step_codec import KEYFRAME_FIELDS, STEP_FIELDS, StepState, check_states, repeat_record
 from .stream_codec import Deflater, Inflater, pack_file_record, unpack_file_record
-from .trace_frames import KIND_DELTA, KIND_JSON, KIND_KEYFRAME, STEP, MetricsCodec, frame, read_frames
+from .trace_frames import KIND_DELTA, KIND_JSON, KIND_KEYFRAME, KIND_RUN, STEP, MetricsCodec, frame, read_frames
 
 TRACE_FORMAT = "pagedkv-trace"
-TRACE_VERSION = 4
-WRITABLE_VERSIONS = (2, 3, 4)
-READABLE_VERSIONS = (1, 2, 3, 4)
+TRACE_VERSION = 5
+WRITABLE_VERSIONS = (2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 ENCODING = "zlib+base64"  # version 2: each record deflated on its own
 ENCODING_V3 = "narrow+delta+shuffle+deflate-stream+base64"  # version 3: see stream_codec
 ENCODING_V4 = "narrow+delta+shuffle+deflate-stream+frames"  # version 4: see trace_frames
-ENCODINGS = {2: ENCODING, 3: ENCODING_V3, 4: ENCODING_V4}
+ENCODINGS = {2: ENCODING, 3: ENCODING_V3, 4: ENCODING_V4, 5: ENCODING_V4}  # version 5: version 4's, plus run frames
 MAX_TRACE_BYTES = 4 << 30  # 4 GiB: what a 1,048,576-slot run of several thousand steps can reach
 MAX_LINE_BYTES = 256 << 20  # one record (a version-1 step of a 1M-slot pool is about 20 MB)
 MAX_RECORD_BYTES = 1 << 30  # a record, decompressed
@@ -108,9 +115,10 @@ TRACE_KEYFRAME_BYTES_PER_STEP = KEYFRAME_BYTES_PER_STEP // 4  # version 2: a fil
 V3_KEYFRAME_BYTES_PER_STEP = 256  # version 3: raw pool bytes a step (a keyframe deflates to about a third)
 V3_MIN_KEYFRAME_EVERY, V3_MAX_KEYFRAME_EVERY = 32, 1 << 16
 METRIC_FIELDS = tuple(f.name for f in fields(StepMetrics))
-V4_STEP_BYTES = STEP.size  # a version-4 delta or keyframe frame's step number, before its deflated piece
+V4_STEP_BYTES = STEP.size  # a version-4 delta, keyframe or run frame's step number, before its deflated piece
 # The record layouts, as numpy type strings: a reader refuses a trace whose layouts differ.
 RECORD_FIELDS = {"step": {k: v.str for k, v in STEP_FIELDS.items()}, "keyframe": {k: v.str for k, v in KEYFRAME_FIELDS.items()}}
+_FRAME_TYPES = {KIND_DELTA: "delta", KIND_KEYFRAME: "keyframe", KIND_RUN: "run"}  # trace_records' names
 _BOOKKEEPING = ("type", "format", "version", "pool", "metric_fields", "keyframe_every", "encoding", "record_fields")
 
 
@@ -178,7 +186,7 @@ class TraceWriter(Recorder):
     def _line(self, obj: dict) -> None:
         """A record that is JSON: a line, or in version 4 a JSON frame."""
         text = json.dumps(obj, separators=(",", ":")).encode("utf-8")
-        self._file.write(frame(KIND_JSON, text) if self.version == 4 else text + b"\n")
+        self._file.write(frame(KIND_JSON, text) if self.version >= 4 else text + b"\n")
 
     def _write_header(self) -> None:
         if self._wrote_header:
@@ -202,7 +210,7 @@ class TraceWriter(Recorder):
         self._write_header()
         self._write_idle()
         step = self.first_step + i
-        if self.version == 4:
+        if self.version >= 4:
             self._keep_v4(i, step, record, metrics)
             return
         line = {"type": "delta", "step": step, "metrics": [getattr(metrics, n) for n in METRIC_FIELDS],
@@ -215,9 +223,7 @@ class TraceWriter(Recorder):
             self._line({"type": "keyframe", "step": step, "data": self._pack(self._head.keyframe(), KEYFRAME_FIELDS)})
 
     def _keep_v4(self, i: int, step: int, record: bytes, metrics: StepMetrics) -> None:
-        if self._arrived:
-            self._line({"type": "requests", "requests": self._arrived})
-            self._arrived = []
+        self._write_arrived()
         piece = self._deflate.piece(self._metrics.encode(metrics) + pack_file_record(STEP_FIELDS, record, self._before))
         self._file.write(frame(KIND_DELTA, STEP.pack(step) + piece))
         if i % self.keyframe_every == 0:
@@ -225,6 +231,35 @@ class TraceWriter(Recorder):
             self._metrics.restart()
             piece = self._deflate.piece(pack_file_record(KEYFRAME_FIELDS, self._head.keyframe()))
             self._file.write(frame(KIND_KEYFRAME, STEP.pack(step) + piece))
+
+    def _write_arrived(self) -> None:
+        """Version 4 on: the requests submitted in the step about to be written, as a JSON frame."""
+        if self._arrived:
+            self._line({"type": "requests", "requests": self._arrived})
+            self._arrived = []
+
+    def record_decode_run(self, first_step: int, writes) -> None:
+        """A decode run (see :meth:`Recorder.record_decode_run`). Version 5 writes it as one run
+        frame and moves its state to the run's last step at once; earlier versions, a frame or
+        line a step."""
+        if self.version < 5:
+            super().record_decode_run(first_step, writes)
+            return
+        self._require_started()
+        if not self.num_steps:
+            raise ValueError("a decode run cannot be the first step")
+        self._check_next(first_step)
+        block_size, metrics = int(self.scalars["block_size"]), self._last[1]
+        check_run(self._head, metrics, writes, block_size)
+        self._write_header()
+        self._write_idle()
+        self._write_arrived()
+        piece = self._deflate.piece(pack_run(writes))  # in the stream; the metrics' differences go on from the step before
+        self._file.write(frame(KIND_RUN, STEP.pack(first_step) + piece))
+        delta = end_delta(self._head, first_step, writes, metrics, block_size)
+        record = self._head.encode(delta)  # no keyframe inside a run: a reader may start at the next one
+        self.num_steps += writes.steps
+        self._last, self._in_run = (record, delta.metrics), False
 
     def _keep_idle(self, i: int, count: int, record: bytes, metrics: StepMetrics, extend: bool) -> None:
         if self.version == 2:  # a line a step, as version 2 always had
@@ -343,8 +378,8 @@ def _open(path):
 
 def trace_records(path) -> list[dict]:
     """The file's records as objects, in order, without decoding any step: the header, then each
-    line (versions 1-3) or frame (version 4). A version-4 step or keyframe frame is
-    ``{"type": "delta" or "keyframe", "step": S, "bytes": N}`` (N: its deflated piece); its JSON
+    line (versions 1-3) or frame (versions 4-5). A step, keyframe or run frame is
+    ``{"type": "delta", "keyframe" or "run", "step": S, "bytes": N}`` (N: its deflated piece); its JSON
     frames are the objects they hold. For looking into a file (tests, tools); :func:`load_recording`
     is what reads one. Raises TraceError."""
     out = []
@@ -354,13 +389,13 @@ def trace_records(path) -> list[dict]:
         if first is None:
             return out
         out.append(_parse(Path(path), first[0], first[1]))
-        if isinstance(out[0], dict) and out[0].get("version") == 4:
+        if isinstance(out[0], dict) and out[0].get("version") in (4, 5):
             try:
                 for number, _, kind, payload in read_frames(f, MAX_LINE_BYTES):
                     if kind == KIND_JSON:
                         out.append(_parse(Path(path), f"frame {number}", payload.decode("utf-8", "replace")))
                     else:
-                        out.append({"type": "delta" if kind == KIND_DELTA else "keyframe",
+                        out.append({"type": _FRAME_TYPES[kind],
                                     "step": STEP.unpack_from(payload)[0] if len(payload) >= V4_STEP_BYTES else None,
                                     "bytes": len(payload) - V4_STEP_BYTES})
             except ValueError as exc:
@@ -371,16 +406,17 @@ def trace_records(path) -> list[dict]:
 
 
 def metric_rows(path):
-    """(metric_fields, steps, values) for each step line or frame and each idle run of a version 2-4
-    trace, in order, without decoding any record (version 4: only each piece's metrics), for a
-    reader that needs only the metrics (``bench replay-speed``). ``steps``: how many steps the row
-    stands for (an idle run's length, else 1). Raises TraceError."""
+    """(metric_fields, steps, values) for each step line or frame and each idle run of a version 2-5
+    trace, in order, without decoding any record (versions 4-5: only each piece's metrics; a
+    run frame's steps, a row each, from the step before's), for a reader that needs only the
+    metrics (``bench replay-speed``). ``steps``: how many steps the row stands for (an idle run's
+    length, else 1). Raises TraceError."""
     with _open(path) as f:
         lines = _lines(Path(path), f)
         first = next(lines, None)
         header = _parse(Path(path), first[0], first[1]) if first is not None else None
-        if not isinstance(header, dict) or header.get("version") not in (2, 3, 4) or "metric_fields" not in header:
-            raise TraceError(f"{path}: not a version 2-4 pagedkv trace")
+        if not isinstance(header, dict) or header.get("version") not in (2, 3, 4, 5) or "metric_fields" not in header:
+            raise TraceError(f"{path}: not a version 2-5 pagedkv trace")
         names = header["metric_fields"]
         if header["version"] < 4:
             for number, text, _ in lines:
@@ -390,18 +426,29 @@ def metric_rows(path):
             return
         inflate, codec = Inflater(), MetricsCodec(names, INT_METRICS)
         inflate.restart()
+        last = None  # the last step's metric values
         try:
             for number, _, kind, payload in read_frames(f, MAX_LINE_BYTES):
                 if kind == KIND_JSON:
                     obj = _parse(Path(path), f"frame {number}", payload.decode("utf-8"))
                     if isinstance(obj, dict) and obj.get("type") == "idle":
-                        yield names, obj.get("steps"), obj.get("metrics")
+                        last = obj.get("metrics")
+                        yield names, obj.get("steps"), last
                 elif kind == KIND_KEYFRAME:
                     inflate.restart()
                     codec.restart()
                     inflate.piece(payload[V4_STEP_BYTES:], MAX_RECORD_BYTES)
+                elif kind == KIND_RUN:
+                    run = unpack_run(inflate.piece(payload[V4_STEP_BYTES:], MAX_RECORD_BYTES))
+                    if last is None:
+                        raise ValueError(f"frame {number}: a decode run comes before the first step")
+                    before, n = _metrics(names, last), len(run.seq_ids)
+                    for j in range(1, run.steps + 1):
+                        last = [getattr(before.after_decodes(j, n), name) for name in names]
+                        yield names, 1, last
                 else:
-                    yield names, 1, codec.decode(inflate.piece(payload[V4_STEP_BYTES:], MAX_RECORD_BYTES))
+                    last = codec.decode(inflate.piece(payload[V4_STEP_BYTES:], MAX_RECORD_BYTES))
+                    yield names, 1, last
         except (ValueError, UnicodeDecodeError) as exc:
             raise TraceError(f"{path}: {exc}") from None
 
@@ -513,7 +560,7 @@ class _Loader:
                 if first is None:
                     raise TraceError(f"{self.path} is empty, not a pagedkv trace")
                 self._header(*first[:2])
-                if self.version == 4:
+                if self.version >= 4:
                     self._load_frames(f)
                 else:
                     self._load_lines(lines)
@@ -548,7 +595,7 @@ class _Loader:
                 self.fail(number, "nested too deeply")
 
     def _load_frames(self, f) -> None:
-        """Version 4: the frames after the header line (a frame cut short ends the trace, as a
+        """Versions 4 and 5: the frames after the header line (a frame cut short ends the trace, as a
         cut line does)."""
         frames = read_frames(f, MAX_LINE_BYTES)
         while True:
@@ -578,6 +625,8 @@ class _Loader:
                     self.metrics_codec.restart()
                     raw = unpack_file_record(KEYFRAME_FIELDS, self.inflate.piece(piece, MAX_RECORD_BYTES))
                     self._keyframe(where, step, raw)
+                elif kind == KIND_RUN:
+                    self._run(where, step, unpack_run(self.inflate.piece(piece, MAX_RECORD_BYTES)))
                 else:
                     raw = self.inflate.piece(piece, MAX_RECORD_BYTES)
                     codec = self.metrics_codec
@@ -663,13 +712,13 @@ class _Loader:
         step = obj.get("step")
         if kind in ("delta", "keyframe", "idle") and (isinstance(step, bool) or not isinstance(step, int)):
             self.fail(number, "record step must be an integer")
-        if kind in ("delta", "idle") or (kind == "requests" and self.version == 4):
+        if kind in ("delta", "idle") or (kind == "requests" and self.version >= 4):
             arrived = obj.get("requests")
             if arrived is not None:
                 if not isinstance(arrived, list) or not all(isinstance(r, dict) for r in arrived):
                     raise ValueError("a step's requests must be a list of objects")
                 self.header.setdefault("requests", []).extend(arrived)
-        if kind == "requests" and self.version == 4:
+        if kind == "requests" and self.version >= 4:
             pass  # its requests are added above
         elif kind == "idle" and self.version >= 3:
             metrics = _metrics(self.metric_fields, obj.get("metrics"))
@@ -706,6 +755,17 @@ class _Loader:
             self.pending = (step, record, metrics)
         else:
             rec.append_record(record, metrics)
+
+    def _run(self, number, step: int, writes) -> None:
+        """Version 5: a decode run's frame, its steps rebuilt one by one from the step before."""
+        rec = self.recording
+        if self.version < 5:
+            self.fail(number, f"a decode run frame in a version-{self.version} trace")
+        if self.pending is not None or not rec.num_steps:
+            self.fail(number, "a decode run comes before the first step's keyframe")
+        if step != rec.last_step + 1:
+            self.fail(number, f"step {step} does not follow step {rec.last_step}")
+        rec.record_decode_run(step, writes)
 
     def _keyframe(self, number, step: int, record: bytes) -> None:
         rec = self.recording

@@ -14,7 +14,12 @@ line (still JSON text, so ``head -1 trace`` reads it) the file is a sequence of 
   keyframe line; the metrics' differences restart with it, so a reader can start there);
 - ``J``, anything rare, as the JSON object version 3 wrote on a line: an idle run, the end record,
   and the requests submitted in the next step (``{"type": "requests", "requests": [...]}``, which
-  version 3 carried on the step's line).
+  version 3 carried on the step's line);
+- ``R`` (version 5), a decode run: its first step number and one piece of the deflate stream,
+  which holds what the run wrote (:func:`~pagedkv_core.record.decode_run.pack_run`: the
+  sequences, each one's first slot, their tokens step by step). Its steps' metrics follow from
+  the step before's (:meth:`~pagedkv_core.metrics.StepMetrics.after_decodes`) and take no bytes;
+  the metrics' differences go on from that step's. Version 5 is version 4 with this frame.
 
 A file cut short in its last frame still loads up to the frame before, as a cut text line did.
 Measured on the first 2,000 requests of the Azure conversation log at 262,144 slots (paged, 9,870
@@ -26,8 +31,8 @@ from __future__ import annotations
 import math
 import struct
 
-KIND_DELTA, KIND_KEYFRAME, KIND_JSON = b"D", b"K", b"J"
-KINDS = (KIND_DELTA, KIND_KEYFRAME, KIND_JSON)
+KIND_DELTA, KIND_KEYFRAME, KIND_JSON, KIND_RUN = b"D", b"K", b"J", b"R"
+KINDS = (KIND_DELTA, KIND_KEYFRAME, KIND_JSON, KIND_RUN)
 FRAME_HEAD = struct.Struct("<cI")
 STEP = struct.Struct("<q")
 _MASK = (1 << 64) - 1

@@ -35,7 +35,7 @@ from ..metrics import StepMetrics
 from .recording import StepDelta, engine_step_delta
 
 BATCH_STEPS = 16  # steps sent at once (one pipe write, one wake-up of the child)
-_START, _HEADER, _REQUESTS, _DELTA, _FLUSH, _CLOSE = range(6)
+_START, _HEADER, _REQUESTS, _DELTA, _FLUSH, _CLOSE, _RUN = range(7)
 
 
 def usable_cores() -> int:
@@ -110,6 +110,8 @@ def _apply(writer, message: tuple) -> bool:
     kind = message[0]
     if kind == _DELTA:
         writer.append_delta(unpack_delta(message[1], message[2]))
+    elif kind == _RUN:
+        writer.record_decode_run(message[1], message[2])
     elif kind == _START:
         writer.start(message[1], message[2], message[3])
     elif kind == _HEADER:
@@ -168,7 +170,7 @@ def _serve(conn, parent_end, path, header: dict | None) -> None:
 
 class TraceWriterProcess:
     """The engine-facing half of a trace written by a child process (see the module
-    docstring): ``start`` and ``record`` as the engine calls them, ``set_header``,
+    docstring): ``start``, ``record`` and ``record_decode_run`` as the engine calls them, ``set_header``,
     ``add_requests``, ``flush`` and ``close`` as a TraceWriter's."""
 
     def __init__(self, path, header: dict | None = None):
@@ -239,6 +241,12 @@ class TraceWriterProcess:
         delta = engine_step_delta(step, self._live, changes, seqs, events, metrics)
         self._recorded = True
         self._send((_DELTA, *pack_delta(delta)))
+
+    def record_decode_run(self, first_step: int, writes) -> None:
+        """As Recorder.record_decode_run: what the run wrote (its own arrays, which the engine
+        does not change later), written by the child as one frame."""
+        self._recorded = True
+        self._send((_RUN, first_step, writes))
 
     # ------------------------------------------------------------------ a TraceWriter's others
     def set_header(self, header: dict) -> None:

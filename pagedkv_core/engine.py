@@ -25,8 +25,8 @@ from an iterator shortly before it arrives and forgets it once its last output i
 memory follows the requests alive, not the log. With ``Engine(..., skip_idle=True)`` an idle
 stretch (nothing waiting, running or swapped, the next arrival steps ahead) passes in one
 ``step()`` call: its metrics say how many steps it skipped (``idle_skipped``), a recording still
-gets every step (each a copy of the first, which changed nothing), and arrival steps keep their
-meaning.
+holds every step (each a copy of the first, which changed nothing; handed over in one
+``append_idle`` call), and arrival steps keep their meaning.
 
 With ``Engine(..., coalesce=True)`` (no snapshots, a source that answers decode runs: the
 scripted one) a *decode run* passes in one ``step()`` call that reads no outputs: when,
@@ -64,6 +64,7 @@ from .scheduler import Scheduler
 from .sequence import FINISH_REJECTED, Request, Sequence, SequenceStatus
 from .record.decode_run import DecodeWrites
 from .record.pool_view import PoolView
+from .record.recording import MAX_IDLE_RUN
 from .record.snapshot import StepSnapshot, seq_arrays, take_snapshot
 
 
@@ -384,7 +385,7 @@ class Engine:
             if snapshot:
                 snap = take_snapshot(step, self.view, seqs, events, metrics)
         if skipped:
-            self._skip_idle(step, skipped, seqs, metrics)
+            self._skip_idle(step, skipped, metrics)
         run = self.decode_run = None if skipped or not self.coalesce or wants_outputs else self._run_decodes(step, metrics)
         if self.kv_event_sink is not None:
             self.kv_event_sink.flush()
@@ -432,16 +433,16 @@ class Engine:
         nxt = self._next_arrival()
         return 0 if nxt is None or nxt <= step + 1 else nxt - step - 1
 
-    def _skip_idle(self, step: int, skipped: int, seqs: dict, metrics: StepMetrics) -> None:
+    def _skip_idle(self, step: int, skipped: int, metrics: StepMetrics) -> None:
         """Steps ``step + 1 .. step + skipped`` at once: each is an idle step's copy (no change,
-        no events, the same metrics but ``idle_skipped`` 0); a recording still gets every one."""
+        no events, the same metrics but ``idle_skipped`` 0); a recording gets them in one call
+        (``append_idle``: it keeps them as one run of repeated steps)."""
         same = dataclasses.replace(metrics, idle_skipped=0)
         for _ in range(skipped):
             self.stats.add(same)
         if self.recording is not None:
-            for j in range(1, skipped + 1):
-                self.view.fold(self._changes.take())
-                self._record(step + j, seqs, (), same)
+            for done in range(0, skipped, MAX_IDLE_RUN):
+                self.recording.append_idle(min(skipped - done, MAX_IDLE_RUN), same)
 
     def _record(self, step: int, seqs: dict, events, metrics: StepMetrics) -> None:
         """Hand the step to the recording: what the pool view's folds touched, and with ``seqs``

@@ -35,7 +35,7 @@ from ..metrics import StepMetrics
 from .recording import StepDelta, engine_step_delta
 
 BATCH_STEPS = 16  # steps sent at once (one pipe write, one wake-up of the child)
-_START, _HEADER, _REQUESTS, _DELTA, _FLUSH, _CLOSE, _RUN = range(7)
+_START, _HEADER, _REQUESTS, _DELTA, _FLUSH, _CLOSE, _RUN, _IDLE = range(8)
 
 
 def usable_cores() -> int:
@@ -112,6 +112,8 @@ def _apply(writer, message: tuple) -> bool:
         writer.append_delta(unpack_delta(message[1], message[2]))
     elif kind == _RUN:
         writer.record_decode_run(message[1], message[2])
+    elif kind == _IDLE:
+        writer.append_idle(message[1], message[2])
     elif kind == _START:
         writer.start(message[1], message[2], message[3])
     elif kind == _HEADER:
@@ -170,7 +172,7 @@ def _serve(conn, parent_end, path, header: dict | None) -> None:
 
 class TraceWriterProcess:
     """The engine-facing half of a trace written by a child process (see the module
-    docstring): ``start``, ``record`` and ``record_decode_run`` as the engine calls them, ``set_header``,
+    docstring): ``start``, ``record``, ``record_decode_run`` and ``append_idle`` as the engine calls them, ``set_header``,
     ``add_requests``, ``flush`` and ``close`` as a TraceWriter's."""
 
     def __init__(self, path, header: dict | None = None):
@@ -247,6 +249,11 @@ class TraceWriterProcess:
         does not change later), written by the child as one frame."""
         self._recorded = True
         self._send((_RUN, first_step, writes))
+
+    def append_idle(self, count: int, metrics) -> None:
+        """As Recorder.append_idle: ``count`` steps that repeat the last one (an idle stretch)."""
+        self._recorded = True
+        self._send((_IDLE, count, metrics))
 
     # ------------------------------------------------------------------ a TraceWriter's others
     def set_header(self, header: dict) -> None:

@@ -134,8 +134,13 @@ def test_pack_run_round_trips_and_refuses_bad_lengths():
                           np.arange(6, dtype=np.int64).reshape(2, 3))
     back = unpack_run(pack_run(writes))
     assert [a.tolist() for a in back] == [a.tolist() for a in writes] and back.steps == 3
+    assert len(pack_run(writes)) == 12 + 2 * 12 + 6 * 2  # a vocabulary's ids: 2 bytes a token
+    wide = writes._replace(tokens=writes.tokens + 70_000)
+    assert unpack_run(pack_run(wide)).tokens.tolist() == wide.tokens.tolist() and len(pack_run(wide)) == 12 + 24 + 24
     with pytest.raises(ValueError, match="not"):
         unpack_run(pack_run(writes)[:-1])
+    with pytest.raises(ValueError, match="2 or 4 bytes"):
+        unpack_run(pack_run(writes)[:8] + (3).to_bytes(4, "little") + pack_run(writes)[12:])
 
 
 def test_a_run_the_step_before_cannot_take_is_one_line(tmp_path):

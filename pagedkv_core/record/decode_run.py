@@ -31,7 +31,7 @@ from .recording import StepDelta
 from .slot_state import SlotState
 from .step_codec import StepState
 
-_HEAD = struct.Struct("<II")  # sequences, steps
+_HEAD = struct.Struct("<III")  # sequences, steps, bytes a token (2 or 4)
 _FILLED = int(SlotState.FILLED)
 _TOKEN_MAX = np.iinfo(np.int32).max
 
@@ -115,24 +115,32 @@ def end_delta(state: StepState, first_step: int, writes: DecodeWrites, metrics: 
                   kept, seqs, k, metrics.after_decodes(k, len(first)))
 
 
+_TOKEN_TYPES = {2: "<u2", 4: "<i4"}  # a run's tokens in 2 bytes each where every one fits
+
+
 def pack_run(writes: DecodeWrites) -> bytes:
-    """A run frame's bytes: sequences and steps (uint32 each), the seq ids (int32), the first
-    slots (int64) and the tokens (int32, sequence by sequence)."""
+    """A run frame's bytes: sequences, steps and bytes a token (uint32 each), the seq ids
+    (int32), the first slots (int64) and the tokens, sequence by sequence (uint16 where every
+    one is below 65,536, as a vocabulary's ids are; else int32)."""
     n, k = writes.tokens.shape
-    return b"".join([_HEAD.pack(n, k), np.asarray(writes.seq_ids, dtype="<i4").tobytes(),
-                     np.asarray(writes.first_slots, dtype="<i8").tobytes(), np.asarray(writes.tokens, dtype="<i4").tobytes()])
+    width = 2 if n and int(writes.tokens.max()) < 1 << 16 else 4
+    return b"".join([_HEAD.pack(n, k, width), np.asarray(writes.seq_ids, dtype="<i4").tobytes(),
+                     np.asarray(writes.first_slots, dtype="<i8").tobytes(),
+                     np.asarray(writes.tokens).astype(_TOKEN_TYPES[width]).tobytes()])
 
 
 def unpack_run(raw: bytes) -> DecodeWrites:
     """:func:`pack_run` reversed; ValueError (one line) for bytes of the wrong length."""
     if len(raw) < _HEAD.size:
         raise ValueError(f"a decode run frame of {len(raw)} bytes has no head")
-    n, k = _HEAD.unpack_from(raw)
-    want = _HEAD.size + n * (4 + 8) + n * k * 4
+    n, k, width = _HEAD.unpack_from(raw)
+    if width not in _TOKEN_TYPES:
+        raise ValueError(f"a decode run frame's tokens take 2 or 4 bytes, not {width}")
+    want = _HEAD.size + n * (4 + 8) + n * k * width
     if len(raw) != want:
         raise ValueError(f"a decode run frame of {n} sequences and {k} steps is {len(raw):,} bytes, not {want:,}")
     at = _HEAD.size
     ids = np.frombuffer(raw, dtype="<i4", count=n, offset=at)
     first = np.frombuffer(raw, dtype="<i8", count=n, offset=at + 4 * n)
-    tokens = np.frombuffer(raw, dtype="<i4", count=n * k, offset=at + 12 * n).reshape(n, k)
-    return DecodeWrites(ids, first, tokens)
+    tokens = np.frombuffer(raw, dtype=_TOKEN_TYPES[width], count=n * k, offset=at + 12 * n).reshape(n, k)
+    return DecodeWrites(ids, first, tokens.astype(np.int32))

@@ -4,7 +4,7 @@
     python -m pagedkv_core replay run.trace --step 40
     python -m pagedkv_core replay run.trace --json | jq .slot_counts
 
-Rebuilds the snapshot of step N (default: the last) from a trace of any version (1-4) and
+Rebuilds the snapshot of step N (default: the last) from a trace of any version (1-5) and
 prints a short summary: the pool, how many slots are in each state, the queues, the key
 metrics and the step's events. ``--json`` prints one object instead, with ``step``,
 ``allocator``, ``num_slots``, ``num_steps``, ``slot_counts`` (one count per slot-state name)
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "replay",
         help="print one step of a trace (default: the last)",
-        description="Rebuild one step of a trace (version 1 or 2) and summarise it.",
+        description="Rebuild one step of a trace (any version, 1 to 5) and summarise it.",
     )
     p.add_argument("trace", metavar="TRACE", help="a trace written by simulate/generate --trace-out or the app")
     p.add_argument("--step", type=int, default=None, metavar="N", help="the step to show (default: the last)")

@@ -385,7 +385,7 @@ class Engine:
             if snapshot:
                 snap = take_snapshot(step, self.view, seqs, events, metrics)
         if skipped:
-            self._skip_idle(step, skipped, metrics)
+            self._skip_idle(skipped, metrics)
         run = self.decode_run = None if skipped or not self.coalesce or wants_outputs else self._run_decodes(step, metrics)
         if self.kv_event_sink is not None:
             self.kv_event_sink.flush()
@@ -433,8 +433,8 @@ class Engine:
         nxt = self._next_arrival()
         return 0 if nxt is None or nxt <= step + 1 else nxt - step - 1
 
-    def _skip_idle(self, step: int, skipped: int, metrics: StepMetrics) -> None:
-        """Steps ``step + 1 .. step + skipped`` at once: each is an idle step's copy (no change,
+    def _skip_idle(self, skipped: int, metrics: StepMetrics) -> None:
+        """The ``skipped`` steps after this one at once: each is an idle step's copy (no change,
         no events, the same metrics but ``idle_skipped`` 0); a recording gets them in one call
         (``append_idle``: it keeps them as one run of repeated steps)."""
         same = dataclasses.replace(metrics, idle_skipped=0)

@@ -301,7 +301,16 @@ class Recorder:
         :class:`~pagedkv_core.record.decode_run.DecodeWrites`. Kept here step by step, each
         step's delta rebuilt from the one before (a trace writer keeps the run as one frame).
         ValueError (one line) for a run the last step cannot go on with."""
-        from .decode_run import check_run, run_deltas  # that module builds on StepDelta, defined here
+        from .decode_run import run_deltas  # that module builds on StepDelta, defined here
+
+        block_size = self._check_run(first_step, writes)
+        for delta in run_deltas(self._head, first_step, writes, self._last[1], block_size):
+            self.append_delta(delta)
+
+    def _check_run(self, first_step: int, writes) -> int:
+        """ValueError (one line) unless the last step can go on with the decode run ``writes``
+        from ``first_step``; the pool's block size."""
+        from .decode_run import check_run
 
         self._require_started()
         if not self.num_steps:
@@ -309,8 +318,7 @@ class Recorder:
         self._check_next(first_step)
         block_size = int(self.scalars["block_size"])
         check_run(self._head, self._last[1], writes, block_size)
-        for delta in run_deltas(self._head, first_step, writes, self._last[1], block_size):
-            self.append_delta(delta)
+        return block_size
 
     def append_delta(self, delta: StepDelta) -> None:
         self._require_started()

@@ -68,9 +68,7 @@ def _keys(request_ids: list[str]) -> np.ndarray:
 def scripted_tokens(request_ids: list[str], sample_indices: list[int], positions: list[int]) -> list[int]:
     """:func:`scripted_token` of each ``(request_ids[i], sample_indices[i], positions[i])``, computed
     for all of them at once (a step's plain decodes)."""
-    x = splitmix64_array(_keys(request_ids) + np.array(sample_indices, dtype=np.uint64) * _GOLDEN
-                         + (np.array(positions, dtype=np.uint64) << np.uint64(20)))
-    return (x % np.uint64(VOCAB_SIZE - FIRST_TOKEN) + np.uint64(FIRST_TOKEN)).tolist()
+    return scripted_token_runs(request_ids, sample_indices, positions, 1).ravel().tolist()
 
 
 def scripted_token_runs(request_ids: list[str], sample_indices: list[int], positions: list[int], steps: int) -> np.ndarray:

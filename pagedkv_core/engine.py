@@ -402,9 +402,8 @@ class Engine:
             return None
         running = sched.running
         tokens = self.source.decode_run(running, steps)
-        stops = sched.stop_tokens
-        if len(stops):  # a token that may stop its sequence: the run ends before its step
-            hit = np.isin(tokens, stops).any(axis=0)
+        if len(sched.stop_tokens):  # a token that may stop its sequence: the run ends before its step
+            hit = sched.stop_hits(tokens).any(axis=0)
             if hit.any():
                 steps = int(hit.argmax())
                 if steps == 0:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 from pagedkv_core.config import EngineConfig
@@ -339,3 +340,39 @@ def test_the_stop_checks_skipped_are_those_that_could_not_stop():
             if reason is not None:
                 break
     assert checked >= 300 and skipped > 1000, (checked, skipped)  # every case ends at a full check
+
+
+@pytest.mark.parametrize("stopped", [5, 64])
+def test_stop_tokens_end_the_same_sequences_by_columns_and_one_by_one(stopped):
+    """64 running sequences, the first ``stopped`` each stopped by a token it is going to sample
+    (found by a first run without stops), the others by their length: taken by whole columns (the
+    stop check compares the lane's tokens with the stop set at once: ``Scheduler.stop_hits``) and
+    one at a time, the same tokens and finish reasons; each ends at its stop token's first
+    occurrence. Up to 8 stop tokens in all ``stop_hits`` compares them one by one; with 64, it
+    uses ``np.isin``: the same answer either way."""
+    prompts = [[5 + i, 6, 7] for i in range(64)]
+
+    def run(stops, columns_from):
+        engine = Engine(EngineConfig(pool_slots=64 * 1024, block_size=16), ScriptedSource(), snapshots=False)
+        engine.scheduler.columns_from = columns_from
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=40, stop_token_ids=stops[i], ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step(snapshot=False)
+            engine.check_invariants()
+        seqs = [engine.requests[f"r{i}"].seqs[0] for i in range(64)]
+        return [(s.token_ids[3:], s.finish_reason) for s in seqs], engine
+
+    free, _ = run([[]] * 64, 0)
+    stops = [[out[(7 * i) % 40]] if i < stopped else [] for i, (out, _) in enumerate(free)]
+    by_columns, engine = run(stops, 0)
+    assert by_columns == run(stops, 10**9)[0]
+    for (out, reason), (free_out, free_reason), stop in zip(by_columns, free, stops):
+        if stop:
+            assert out == free_out[: free_out.index(stop[0]) + 1] and reason == "stop"
+        else:
+            assert (out, reason) == (free_out, free_reason) and len(out) == 40
+    union = engine.scheduler.stop_tokens
+    assert len(union) == stopped
+    tokens = np.random.default_rng(0).choice(np.concatenate([union, np.arange(3, 300)]), size=(64, 5))
+    assert np.array_equal(engine.scheduler.stop_hits(tokens), np.isin(tokens, union))
